@@ -1,0 +1,51 @@
+#include "cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* -1: not decided yet; 0: plain C; 1: AVX2 */
+static int simd_enabled = -1;
+
+int qw_cpu_has_avx2(void) {
+#if QW_HAVE_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+int qw_use_avx2(void) {
+    if (simd_enabled < 0) {
+        const char *env = getenv("QWENC_SIMD");
+        int wanted = !(env && strcmp(env, "0") == 0);
+        simd_enabled = wanted && qw_cpu_has_avx2();
+    }
+    return simd_enabled;
+}
+
+int qw_set_simd(int enabled) {
+    int prev = qw_use_avx2();
+    simd_enabled = enabled ? qw_cpu_has_avx2() : 0;
+    return prev;
+}
+
+int qw_get_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+void qw_set_threads(int n) {
+#ifdef _OPENMP
+    if (n > 0) omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}

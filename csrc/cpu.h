@@ -1,0 +1,30 @@
+/* Run-time CPU dispatch: which SIMD path the kernels take.
+ *
+ * Kernels are compiled twice where it pays: a plain C path and an AVX2+FMA+F16C path marked with
+ * QW_TARGET_AVX2 (a per-function target attribute, so the wheel carries no -march flag). Each
+ * kernel asks qw_use_avx2() once per call and picks one. QWENC_SIMD=0 in the environment, or
+ * qw_set_simd(0), forces the plain path everywhere; the tests use that to keep it honest.
+ */
+#ifndef QWENC_CPU_H
+#define QWENC_CPU_H
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define QW_HAVE_X86 1
+#define QW_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#else
+#define QW_HAVE_X86 0
+#define QW_TARGET_AVX2
+#endif
+
+/* 1 when the AVX2 path is both supported by this CPU and enabled. */
+int qw_use_avx2(void);
+/* 1 when this CPU supports AVX2, FMA and F16C (whatever the setting). */
+int qw_cpu_has_avx2(void);
+/* Enable (1) or disable (0) SIMD paths; returns the previous setting. */
+int qw_set_simd(int enabled);
+
+/* Threads used by the OpenMP kernels (1 when built without OpenMP). */
+int qw_get_threads(void);
+void qw_set_threads(int n);
+
+#endif

@@ -1,0 +1,61 @@
+"""Build the C kernels (csrc/) and their Cython wrappers (qwenc/_*.pyx).
+
+SIMD is chosen at run time (csrc/cpu.c), so no -march flag is passed here: the same wheel runs on
+any x86-64 and falls back to plain C where AVX2/FMA are missing. OpenMP is used when the compiler
+accepts it; without it the kernels run on one thread.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+# Each Python-visible module and the C files it wraps.
+MODULES = {
+    "qwenc._ops": ["csrc/cpu.c", "csrc/quant.c", "csrc/matmul.c", "csrc/ops.c", "csrc/attention.c", "csrc/sample.c"],
+    "qwenc._quant": ["csrc/cpu.c", "csrc/quant.c"],
+    "qwenc._bpe": ["csrc/bpe.c"],
+}
+
+
+def compiler_accepts(flag):
+    """True when the C compiler builds and links a small OpenMP program with `flag`."""
+    cc = os.environ.get("CC", "cc")
+    src = "#include <omp.h>\nint main(void){return omp_get_max_threads() > 0 ? 0 : 1;}\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "t.c")
+        with open(path, "w") as f:
+            f.write(src)
+        try:
+            res = subprocess.run([cc, flag, path, "-o", os.path.join(tmp, "t")],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError:
+            return False
+        return res.returncode == 0
+
+
+def extensions():
+    use_openmp = os.environ.get("QWENC_NO_OPENMP") != "1" and sys.platform != "win32" and compiler_accepts("-fopenmp")
+    cflags = ["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-math-errno", "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION"]
+    ldflags = []
+    if use_openmp:
+        cflags.append("-fopenmp")
+        ldflags.append("-fopenmp")
+    # QWENC_BUILD_ONLY=qwenc._bpe,... builds a subset (handy while working on one kernel family).
+    only = [m for m in os.environ.get("QWENC_BUILD_ONLY", "").split(",") if m]
+    exts = []
+    for name, sources in MODULES.items():
+        if only and name not in only:
+            continue
+        pyx = name.replace(".", "/") + ".pyx"
+        exts.append(Extension(name, [pyx] + sources, include_dirs=["csrc", np.get_include()],
+                              extra_compile_args=cflags, extra_link_args=ldflags))
+    return cythonize(exts, compiler_directives={"language_level": 3, "boundscheck": False,
+                                                "wraparound": False, "cdivision": True},
+                     quiet=True)
+
+
+setup(ext_modules=extensions())
