@@ -1,0 +1,20 @@
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def demo_gguf():
+    """Path of the real demo GGUF (Qwen2.5-Coder-0.5B-Instruct Q4_K_M).
+
+    Skipped locally when the demo extra is not installed; under CI (CI=true) its absence is a
+    failure, so a missing install step cannot pass silently.
+    """
+    from qwenc.demo import DemoModelMissing, demo_model_path
+
+    try:
+        return str(demo_model_path(progress=None))
+    except DemoModelMissing as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"demo model missing under CI: {exc}")
+        pytest.skip("demo model not installed (pip install \".[demo]\")")
