@@ -1,0 +1,25 @@
+/* Element-wise and per-row kernels of the transformer block. All float32, row-major. */
+#ifndef QWENC_OPS_H
+#define QWENC_OPS_H
+
+#include <stdint.h>
+
+/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for M rows of D. Sums in double, so the result
+ * does not depend on the order of accumulation. out may alias x. */
+void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out);
+
+/* Rotary embedding in place on x[T, H, hd] ("rotate_half" pairing: element i with i + hd/2).
+ * Token t is at position pos[t]; the angle of pair i is float32(pos * inv_freq[i]), rounded as
+ * the reference does, then cos/sin in double. */
+void qw_rope(float *x, int64_t T, int64_t H, int64_t hd, const int64_t *pos, const float *inv_freq);
+
+/* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias gate. */
+void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out);
+
+/* In-place softmax of M rows of n, the row max subtracted first so exp never overflows. */
+void qw_softmax(float *x, int64_t M, int64_t n);
+
+/* out[t] = widened row ids[t] of the stored table E (rows of D elements, type dtype). */
+void qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T, float *out);
+
+#endif
