@@ -1,0 +1,157 @@
+"""Each model kernel against a numpy reference, on the SIMD path and on the plain C path."""
+import numpy as np
+import pytest
+
+from qwenc import _ops
+from qwenc.tensors import BF16, F16, F32
+
+rng = np.random.default_rng(1234)
+
+
+@pytest.fixture(params=["simd", "plain"])
+def path(request):
+    if request.param == "simd" and not _ops.has_avx2():
+        pytest.skip("CPU without AVX2/FMA/F16C")
+    old = _ops.set_simd(request.param == "simd")
+    yield request.param
+    _ops.set_simd(old)
+
+
+def encode(w: np.ndarray, dtype: int):
+    """(raw bytes, float32 values the kernel should see) for a float matrix stored as dtype."""
+    if dtype == F32:
+        return w.astype(np.float32).view(np.uint8).reshape(-1), w.astype(np.float32)
+    if dtype == F16:
+        h = w.astype(np.float16)
+        return h.view(np.uint8).reshape(-1), h.astype(np.float32)
+    bits = (w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)  # truncation is fine here
+    return bits.view(np.uint8).reshape(-1), (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 7, 33])
+@pytest.mark.parametrize("K", [64, 200, 1000])
+def test_matmul(path, dtype, M, K):
+    N = 37
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    raw, wf = encode(w, dtype)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    y = np.empty((M, N), np.float32)
+    _ops.matmul(raw, dtype, N, K, x, y, b)
+    ref = x.astype(np.float64) @ wf.T.astype(np.float64) + b
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-4 * np.sqrt(K))
+    _ops.matmul(raw, dtype, N, K, x, y)
+    np.testing.assert_allclose(y, ref - b, rtol=1e-5, atol=1e-4 * np.sqrt(K))
+
+
+def test_matmul_rejects_bad_shapes():
+    raw, _ = encode(np.ones((4, 8), np.float32), F32)
+    with pytest.raises(ValueError):
+        _ops.matmul(raw, F32, 4, 8, np.ones((2, 7), np.float32), np.empty((2, 4), np.float32))
+    with pytest.raises(ValueError):
+        _ops.matmul(raw[:-4], F32, 4, 8, np.ones((2, 8), np.float32), np.empty((2, 4), np.float32))
+    with pytest.raises(ValueError):
+        _ops.matmul(raw, 99, 4, 8, np.ones((2, 8), np.float32), np.empty((2, 4), np.float32))
+
+
+def test_rmsnorm(path):
+    x = (rng.standard_normal((5, 96)) * 3).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, 96).astype(np.float32)
+    out = np.empty_like(x)
+    _ops.rmsnorm(x, w, 1e-6, out)
+    xd = x.astype(np.float64)
+    ref = w * (xd / np.sqrt((xd ** 2).mean(-1, keepdims=True) + 1e-6))
+    np.testing.assert_allclose(out, ref, rtol=2e-6, atol=1e-6)
+    _ops.rmsnorm(x, w, 1e-6, x)  # in place
+    np.testing.assert_allclose(x, out)
+
+
+def rope_reference(x, pos, inv_freq):
+    hd = x.shape[-1]
+    ang = (pos[:, None].astype(np.float32) * inv_freq[None, :]).astype(np.float64)
+    cos = np.concatenate([np.cos(ang), np.cos(ang)], -1)[:, None, :]
+    sin = np.concatenate([np.sin(ang), np.sin(ang)], -1)[:, None, :]
+    rot = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], -1)  # rotate_half
+    return x * cos + rot * sin
+
+
+@pytest.mark.parametrize("hd", [16, 64, 128])
+def test_rope_split_half_any_position(path, hd):
+    theta = 1e6
+    inv_freq = (1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float32) / hd)).astype(np.float32)
+    x = rng.standard_normal((6, 3, hd)).astype(np.float32)
+    pos = np.array([0, 1, 7, 100, 4095, 32767], dtype=np.int64)
+    ref = rope_reference(x.astype(np.float64), pos, inv_freq)
+    _ops.rope(x, pos, inv_freq)
+    np.testing.assert_allclose(x, ref, atol=2e-6)
+
+
+def test_silu_mul_and_softmax(path):
+    g = rng.standard_normal(1000).astype(np.float32) * 5
+    u = rng.standard_normal(1000).astype(np.float32)
+    out = np.empty_like(g)
+    _ops.silu_mul(g, u, out)
+    np.testing.assert_allclose(out, g / (1 + np.exp(-g.astype(np.float64))) * u, rtol=1e-6, atol=1e-6)
+    x = np.array([[1000.0, 999.0, -1000.0], [0.0, 0.0, 0.0]], np.float32)  # exp(1000) overflows
+    _ops.softmax(x)
+    e = np.exp(np.array([0.0, -1.0, -2000.0]))
+    np.testing.assert_allclose(x[0], e / e.sum(), rtol=1e-6)
+    np.testing.assert_allclose(x[1], [1 / 3] * 3, rtol=1e-6)
+
+
+def attention_reference(q, K, V, start, scale):
+    T, H, hd = q.shape
+    Hkv = K.shape[0]
+    out = np.zeros_like(q, dtype=np.float64)
+    for t in range(T):
+        n = start + t + 1
+        for h in range(H):
+            kvh = h // (H // Hkv)
+            s = K[kvh, :n].astype(np.float64) @ q[t, h] * scale
+            p = np.exp(s - s.max())
+            out[t, h] = (p / p.sum()) @ V[kvh, :n]
+    return out
+
+
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (4, 2), (6, 2), (8, 1)])
+@pytest.mark.parametrize("T,start", [(1, 0), (1, 9), (5, 0), (4, 6)])
+def test_attention_gqa_causal(path, H, Hkv, T, start):
+    hd, cap = 32, 16
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    K = (rng.standard_normal((Hkv, cap, hd)) * 3).astype(np.float32)
+    V = rng.standard_normal((Hkv, cap, hd)).astype(np.float32)
+    out = np.empty_like(q)
+    _ops.attention(q, K, V, start, hd ** -0.5, out)
+    np.testing.assert_allclose(out, attention_reference(q, K, V, start, hd ** -0.5), atol=2e-5)
+
+
+def test_attention_large_scores_do_not_overflow(path):
+    q = np.full((1, 1, 8), 30.0, np.float32)
+    K = np.full((1, 4, 8), 30.0, np.float32)
+    K[0, 2] = 31.0
+    V = np.arange(32, dtype=np.float32).reshape(1, 4, 8)
+    out = np.empty_like(q)
+    _ops.attention(q, K, V, 3, 1.0, out)  # scores ~7200: exp overflows without the max
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out[0, 0], V[0, 2])
+
+
+def test_attention_rejects_overflowing_positions():
+    q = np.zeros((2, 2, 8), np.float32)
+    K = np.zeros((1, 4, 8), np.float32)
+    with pytest.raises(ValueError):
+        _ops.attention(q, K, K, 3, 1.0, np.empty_like(q))
+
+
+def test_embed(path):
+    V, D = 50, 24
+    table = rng.standard_normal((V, D)).astype(np.float32)
+    for dtype in (F32, F16, BF16):
+        raw, tf = encode(table, dtype)
+        ids = np.array([0, 49, 7, 7], np.int32)
+        out = np.empty((4, D), np.float32)
+        _ops.embed(raw, dtype, V, D, ids, out)
+        np.testing.assert_array_equal(out, tf[ids])
+    with pytest.raises(ValueError):
+        _ops.embed(raw, BF16, V, D, np.array([50], np.int32), np.empty((1, D), np.float32))

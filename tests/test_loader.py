@@ -1,0 +1,168 @@
+"""Loading model directories: what loads, what is refused, and that weights are not copied."""
+import json
+import struct
+
+import numpy as np
+import pytest
+
+import qwenc
+from qwenc.tensors import BF16, F32
+from modelgen import make_model
+
+
+@pytest.fixture(scope="module")
+def bf16_model(tmp_path_factory):
+    path, ref = make_model(tmp_path_factory.mktemp("bf16"), arch="qwen2", dtype="bf16")
+    return path, ref
+
+
+def edit_config(path, **changes):
+    cfg_path = path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    cfg_path.write_text(json.dumps(cfg))
+
+
+def copy_model(src, dst):
+    import shutil
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_bf16_stays_bf16_and_memory_mapped(bf16_model):
+    path, _ = bf16_model
+    model = qwenc.load(path)
+    w = model.weights.layers[0].q.weight
+    assert w.dtype == BF16
+    assert isinstance(w.data.base, np.memmap) or isinstance(w.data, np.memmap)
+    assert not w.data.flags.writeable  # a read-only view of the file, not a copy
+
+
+def test_dtype_f32_converts_and_agrees(bf16_model):
+    path, _ = bf16_model
+    ids = [1, 5, 9, 200, 3]
+    a = qwenc.load(path).logits(ids, all_positions=True)
+    model = qwenc.load(path, dtype="f32")
+    assert model.weights.layers[0].q.weight.dtype == F32
+    np.testing.assert_allclose(model.logits(ids, all_positions=True), a, atol=1e-5)
+
+
+def test_dtype_rejected(bf16_model):
+    with pytest.raises(ValueError, match="dtype"):
+        qwenc.load(bf16_model[0], dtype="int3")
+
+
+def test_no_tokenizer_files_still_loads(bf16_model):
+    model = qwenc.load(bf16_model[0])
+    assert model.tokenizer is None
+    toks = list(model.generate_tokens([1, 2, 3], max_tokens=5, temperature=0, stop_token_ids=[]))
+    assert len(toks) == 5 and all(0 <= t < 384 for t in toks)
+
+
+def test_context_exceeded_is_a_clear_error(bf16_model):
+    model = qwenc.load(bf16_model[0], context=8)
+    with pytest.raises(qwenc.ContextLengthExceeded, match="context_length_exceeded"):
+        model.forward(model.new_sequence(), list(range(9)))
+    seq = model.new_sequence()
+    model.forward(seq, list(range(8)))
+    with pytest.raises(qwenc.ContextLengthExceeded):
+        model.forward(seq, [1])
+    # generation stops with "length" when the cache is full, instead of failing mid-answer
+    gen = model.generate_tokens(list(range(6)), max_tokens=50, temperature=0, stop_token_ids=[])
+    out = []
+    try:
+        while True:
+            out.append(next(gen))
+    except StopIteration as stop:
+        assert stop.value == "length"
+    assert len(out) == 3
+
+
+def test_threads_from_environment(bf16_model, monkeypatch):
+    monkeypatch.setenv("QWENC_THREADS", "1")
+    assert qwenc.load(bf16_model[0]).threads == 1
+    assert qwenc.load(bf16_model[0], threads=2).threads == 2
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(architectures=["LlamaForCausalLM"], model_type="llama"), "unsupported architecture"),
+    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}), "yarn"),
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "linear"),
+    (dict(use_sliding_window=True, sliding_window=128), "sliding"),
+    (dict(hidden_size=None), "hidden_size"),
+    (dict(num_key_value_heads=3), "kv heads"),
+])
+def test_refused_configs(bf16_model, tmp_path, changes, message):
+    path = copy_model(bf16_model[0], tmp_path / "m")
+    edit_config(path, **changes)
+    with pytest.raises(qwenc.ConfigError, match=message) as exc:
+        qwenc.load(path)
+    assert "config.json" in str(exc.value)
+
+
+def rewrite_safetensors(path, drop=None, reshape=None):
+    """Rewrite model.safetensors without tensor `drop`, or with `reshape` = (name, new_shape)."""
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(str(path))
+    if drop:
+        del tensors[drop]
+    if reshape:
+        name, shape = reshape
+        tensors[name] = np.zeros(shape, dtype=tensors[name].dtype)
+    save_file(tensors, str(path))
+
+
+def test_missing_tensor_names_file_and_tensor(tmp_path):
+    path, _ = make_model(tmp_path / "m", arch="qwen2", dtype="f32")
+    rewrite_safetensors(path / "model.safetensors", drop="model.layers.1.mlp.up_proj.weight")
+    with pytest.raises(qwenc.WeightError, match=r"model\.layers\.1\.mlp\.up_proj\.weight") as exc:
+        qwenc.load(path)
+    assert "model.safetensors" in str(exc.value)
+
+
+def test_misshapen_tensor_is_refused(tmp_path):
+    path, _ = make_model(tmp_path / "m", arch="qwen2", dtype="f32")
+    rewrite_safetensors(path / "model.safetensors", reshape=("model.layers.0.self_attn.k_proj.weight", (64, 64)))
+    with pytest.raises(qwenc.WeightError, match=r"k_proj\.weight.*\[64, 64\]"):
+        qwenc.load(path)
+
+
+def test_corrupt_safetensors_is_refused(tmp_path):
+    path, _ = make_model(tmp_path / "m", arch="qwen2", dtype="f32")
+    f = path / "model.safetensors"
+    f.write_bytes(struct.pack("<Q", 10 ** 9) + b"{}")
+    with pytest.raises(ValueError, match="model.safetensors"):
+        qwenc.load(path)
+    f.write_bytes(b"\x01")
+    with pytest.raises(ValueError, match="model.safetensors"):
+        qwenc.load(path)
+
+
+def test_truncated_tensor_data_is_refused(tmp_path):
+    path, _ = make_model(tmp_path / "m", arch="qwen2", dtype="f32")
+    f = path / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="outside the file"):
+        qwenc.load(path)
+
+
+def test_missing_shard_is_refused(tmp_path):
+    path, _ = make_model(tmp_path / "m", arch="qwen2", dtype="f32", shard_size="60KB")
+    shard = sorted(path.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    with pytest.raises(ValueError, match=shard.name):
+        qwenc.load(path)
+
+
+def test_not_a_model(tmp_path):
+    (tmp_path / "x.bin").write_bytes(b"hello")
+    with pytest.raises(ValueError):
+        qwenc.load(tmp_path / "x.bin")
+    with pytest.raises(FileNotFoundError):
+        qwenc.load(tmp_path / "nope")
+    with pytest.raises(qwenc.ConfigError, match="config.json"):
+        qwenc.load(tmp_path)
