@@ -1,0 +1,125 @@
+"""Sampling defaults from a model's generation_config.json, and merging them with the caller's.
+
+Models ship the settings they were tuned for (Qwen2.5 instruct: temperature 0.7, top_p 0.8,
+top_k 20, repetition_penalty 1.05) plus their EOS ids; serving engines apply them unless the
+request says otherwise, and so do we. Missing settings are left out, so the sampler's own
+neutral defaults apply to them.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+# Settings read from generation_config.json, under the same names.
+_FLOAT_KEYS = ("temperature", "top_p", "min_p", "repetition_penalty")
+_INT_KEYS = ("top_k", "max_new_tokens")
+
+# What resolve_sampling accepts as overrides (and passes through from the defaults).
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                 "max_new_tokens", "eos_token_id", "seed")
+
+
+def _eos_list(value, source: str) -> list:
+    ids = value if isinstance(value, (list, tuple)) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(f"{source}: eos_token_id must be a token id or a list of them, "
+                         f"got {value!r}")
+    return list(ids)
+
+
+def load_generation_defaults(model_dir) -> dict:
+    """The sampling defaults in `model_dir`/generation_config.json; {} when there is none.
+
+    Keys (each only when the file sets it): eos_token_id (always a list), temperature, top_p,
+    top_k, min_p, repetition_penalty, max_new_tokens. `do_sample: false` means greedy decoding
+    in transformers whatever the temperature says, so it becomes temperature 0.
+    Values are checked by resolve_sampling, which reports them as the model's defaults.
+    """
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
+
+    defaults = {}
+    if config.get("eos_token_id") is not None:
+        defaults["eos_token_id"] = _eos_list(config["eos_token_id"], str(path))
+    for key in _FLOAT_KEYS + _INT_KEYS:
+        if config.get(key) is not None:
+            defaults[key] = config[key]
+    if config.get("do_sample") is False:
+        defaults["temperature"] = 0.0
+    return defaults
+
+
+def _number(name, value, where):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}{where}")
+    return float(value)
+
+
+def _integer(name, value, where):
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)  # JSON writers sometimes emit 20.0
+        raise ValueError(f"{name} must be an integer, got {value!r}{where}")
+    return value
+
+
+def _check(name, value, where):
+    """The validated (and normalized) value of one setting."""
+    if name == "temperature":
+        value = _number(name, value, where)
+        if value < 0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {value}{where}")
+    elif name == "top_p":
+        value = _number(name, value, where)
+        if not 0 < value <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 turns it off), got {value}{where}")
+    elif name == "top_k":
+        value = _integer(name, value, where)
+        if value < 0:
+            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {value}{where}")
+    elif name == "min_p":
+        value = _number(name, value, where)
+        if not 0 <= value <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 turns it off), got {value}{where}")
+    elif name == "repetition_penalty":
+        value = _number(name, value, where)
+        if not value > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 turns it off), got {value}{where}")
+    elif name == "max_new_tokens":
+        value = _integer(name, value, where)
+        if value < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {value}{where}")
+    elif name == "eos_token_id":
+        value = _eos_list(value, f"eos_token_id{where}")
+    elif name == "seed":
+        value = _integer(name, value, where)
+    return value
+
+
+def resolve_sampling(defaults: dict, **overrides) -> dict:
+    """The settings to generate with: `defaults` (from load_generation_defaults) with every
+    override that is not None taking precedence, all validated.
+
+    Only keys present in either are returned; a ValueError names the bad setting, its allowed
+    range, and whether it came from the call or from the model's defaults.
+    """
+    unknown = sorted(set(overrides) - set(SAMPLING_KEYS))
+    if unknown:
+        raise TypeError(f"unknown sampling option(s) {', '.join(unknown)}; "
+                        f"known: {', '.join(SAMPLING_KEYS)}")
+    merged = {}
+    for name, value in defaults.items():
+        merged[name] = _check(name, value, " (from the model's generation_config.json)")
+    for name, value in overrides.items():
+        if value is not None:
+            merged[name] = _check(name, value, "")
+    return merged
