@@ -44,6 +44,8 @@ def extensions():
     if use_openmp:
         cflags.append("-fopenmp")
         ldflags.append("-fopenmp")
+    else:  # the omp pragmas are then simply serial loops
+        cflags.append("-Wno-unknown-pragmas")
     # QWENC_BUILD_ONLY=qwenc._bpe,... builds a subset (handy while working on one kernel family).
     only = [m for m in os.environ.get("QWENC_BUILD_ONLY", "").split(",") if m]
     exts = []

@@ -3,13 +3,14 @@
 Accepted paths: a HuggingFace model directory (config.json + safetensors), a .gguf file, or a hub
 repo id ("Qwen/Qwen2.5-0.5B-Instruct") already present in the local HuggingFace cache.
 """
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError, config_from_dict, load_config
+from .chat_template import ChatTemplate
+from .config import config_from_dict, load_config
+from .generation_config import load_generation_defaults
 from .model import Model, Weights
 from .safetensors_io import read_checkpoint
 from .tensors import BF16, F32, Q8_0, Tensor
@@ -82,15 +83,6 @@ def _row_slice(t: Tensor, r0: int, n: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- model directories
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
-
-
 def _hf_parts(model_dir: Path):
     cfg = load_config(model_dir)
     tensors = read_checkpoint(model_dir)
@@ -98,17 +90,8 @@ def _hf_parts(model_dir: Path):
     if (model_dir / "tokenizer.json").is_file():
         from .tokenizer import Tokenizer
         tokenizer = Tokenizer.from_dir(model_dir)
-    try:
-        from .generation_config import load_generation_defaults
-        gen = load_generation_defaults(model_dir)
-    except ImportError:
-        gen = _read_json(model_dir / "generation_config.json")
-    template = None
-    try:
-        from .chat_template import find_chat_template
-        template = find_chat_template(model_dir)
-    except ImportError:
-        template = _read_json(model_dir / "tokenizer_config.json").get("chat_template")
+    gen = load_generation_defaults(model_dir)
+    template = ChatTemplate.from_model_dir(model_dir) if tokenizer is not None else None
     return cfg, tensors, tokenizer, gen, template
 
 
@@ -119,7 +102,7 @@ def _gguf_parts(path: Path):
     cfg = config_from_dict(cfg_dict, str(path))
     from .tokenizer import Tokenizer
     tokenizer = Tokenizer.from_gguf_metadata(gf.metadata) if "tokenizer.ggml.tokens" in gf.metadata else None
-    template = gf.metadata.get("tokenizer.chat_template")
+    template = ChatTemplate.from_gguf_metadata(gf.metadata)
     return cfg, tensors, tokenizer, {}, template
 
 

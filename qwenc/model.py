@@ -15,7 +15,10 @@ import numpy as np
 
 from . import _ops
 from .config import ModelConfig
+from .generation_config import resolve_sampling
 from .sampler import Sampler, SamplingParams
+
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
 from .tensors import F32, Tensor
 
 PREFILL_CHUNK = 512  # prompt tokens per forward step: bounds activation memory on long prompts
@@ -316,12 +319,8 @@ class Model:
 
     def sampling_params(self, **overrides) -> SamplingParams:
         """Sampling settings: explicit arguments win over generation_config.json's defaults."""
-        d = self.generation_defaults
-        merged = {k: d[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty") if k in d}
-        if d.get("do_sample") is False:
-            merged["temperature"] = 0.0
-        merged.update({k: v for k, v in overrides.items() if v is not None})
-        return SamplingParams(**merged)
+        merged = resolve_sampling(self.generation_defaults, **overrides)
+        return SamplingParams(**{k: v for k, v in merged.items() if k in SAMPLING_FIELDS})
 
     def generate_tokens(self, ids, max_tokens=256, temperature=None, top_k=None, top_p=None, min_p=None,
                         repetition_penalty=None, seed=None, stop_token_ids=None, sequence=None):
@@ -356,3 +355,33 @@ class Model:
                 break
             logits = self.forward(seq, [token])
         return "length"
+
+    # -- text --------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(str(self.source).rstrip("/")) or "qwenc"
+
+    def generate(self, prompt: str, max_tokens=256, stop=None, **sampling) -> str:
+        """Complete `prompt` (raw text, no chat template) and return the new text."""
+        from .textgen import Generation
+        return Generation(self, self.tokenizer_or_raise().encode(prompt), max_tokens, stop, **sampling).run()
+
+    def stream(self, prompt: str, max_tokens=256, stop=None, **sampling):
+        """Like generate, yielding text pieces as they become final."""
+        from .textgen import Generation
+        return iter(Generation(self, self.tokenizer_or_raise().encode(prompt), max_tokens, stop, **sampling))
+
+    def chat(self, messages, stream=False, max_tokens=256, stop=None, tools=None, **kwargs):
+        """An OpenAI-shaped chat completion (a dict, or chunk dicts when stream=True).
+
+        Keyword arguments that are not sampling settings (e.g. enable_thinking=False for Qwen3)
+        are passed to the chat template."""
+        from .textgen import chat_completion
+        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in SAMPLING_FIELDS}
+        return chat_completion(self, messages, stream=stream, tools=tools, template_kwargs=kwargs,
+                               max_tokens=max_tokens, stop=stop, **sampling)
+
+    def tokenizer_or_raise(self):
+        from .textgen import _require_tokenizer
+        return _require_tokenizer(self)

@@ -1,0 +1,203 @@
+"""Text in, text out: prompts to token ids, generated ids to streamed text, chats to OpenAI shapes.
+
+`Generation` is one completion: iterate it for text pieces (complete UTF-8, never part of a stop
+string), then read `finish_reason` and the token counts. `ChatSession` keeps a conversation and its
+KV cache, so each turn prefills only what the previous turns did not already cache.
+"""
+import time
+import uuid
+
+from .model import ContextLengthExceeded
+from .textstream import TextStream
+
+
+def _require_tokenizer(model):
+    if model.tokenizer is None:
+        raise ValueError(f"{model.source or 'this model'} has no tokenizer (no tokenizer.json): "
+                         "use model.generate_tokens with token ids")
+    return model.tokenizer
+
+
+class Generation:
+    """One completion of `prompt_ids`, produced lazily as text pieces.
+
+    After iteration: `text`, `finish_reason` ("stop" or "length"), `prompt_tokens`,
+    `completion_tokens`, `token_ids`, and timings `prefill_s` / `decode_s`.
+    """
+
+    def __init__(self, model, prompt_ids, max_tokens=256, stop=None, sequence=None, skip_special_tokens=True,
+                 stop_token_ids=None, **sampling):
+        self.model = model
+        self.prompt_ids = list(prompt_ids)
+        self.max_tokens = int(max_tokens)
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        self.stream = TextStream(_require_tokenizer(model), stop or (), skip_special_tokens)
+        self.sequence = sequence
+        self.stop_token_ids = stop_token_ids
+        self.sampling = sampling
+        model.sampling_params(**sampling)  # validate now, not at the first token
+        self.token_ids = []
+        self.finish_reason = None
+        self.prefill_s = self.decode_s = 0.0
+
+    @property
+    def prompt_tokens(self):
+        return len(self.prompt_ids)
+
+    @property
+    def completion_tokens(self):
+        return len(self.token_ids)
+
+    @property
+    def text(self):
+        return self.stream.text
+
+    def __iter__(self):
+        if self.max_tokens == 0:
+            self.finish_reason = "length"
+            return
+        gen = self.model.generate_tokens(self.prompt_ids, max_tokens=self.max_tokens, sequence=self.sequence,
+                                         stop_token_ids=self.stop_token_ids, **self.sampling)
+        start = time.perf_counter()
+        first = None
+        reason = "length"
+        try:
+            while True:
+                try:
+                    token = next(gen)
+                except StopIteration as end:
+                    reason = end.value or "length"
+                    break
+                if first is None:
+                    first = time.perf_counter()
+                self.token_ids.append(token)
+                piece = self.stream.push(token)
+                if piece:
+                    yield piece
+                if self.stream.stopped:
+                    reason = "stop"
+                    break
+        finally:
+            gen.close()
+            end_t = time.perf_counter()
+            self.prefill_s = (first or end_t) - start
+            self.decode_s = end_t - (first or end_t)
+            if self.finish_reason is None:
+                self.finish_reason = reason
+        tail = self.stream.finish()
+        if tail:
+            yield tail
+
+    def run(self) -> str:
+        for _ in self:
+            pass
+        return self.text
+
+
+# ---------------------------------------------------------------- OpenAI-shaped chat
+
+def _completion_id():
+    return "chatcmpl-" + uuid.uuid4().hex[:24]
+
+
+def _usage(g: Generation):
+    return {"prompt_tokens": g.prompt_tokens, "completion_tokens": g.completion_tokens,
+            "total_tokens": g.prompt_tokens + g.completion_tokens}
+
+
+def render_chat(model, messages, add_generation_prompt=True, tools=None, **template_kwargs) -> str:
+    if model.chat_template is None:
+        raise ValueError("this model has no chat template")
+    return model.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                      **template_kwargs)
+
+
+def chat_completion(model, messages, stream=False, tools=None, template_kwargs=None, **options):
+    """An OpenAI chat.completion dict, or (stream=True) an iterator of chat.completion.chunk dicts
+    whose last one carries finish_reason and usage."""
+    tok = _require_tokenizer(model)
+    prompt = render_chat(model, messages, tools=tools, **(template_kwargs or {}))
+    gen = Generation(model, tok.encode(prompt), **options)
+    meta = {"id": _completion_id(), "created": int(time.time()), "model": model.name}
+    if stream:
+        return _chat_chunks(gen, meta)
+    text = gen.run()
+    return {**meta, "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": gen.finish_reason, "logprobs": None}],
+            "usage": _usage(gen)}
+
+
+def _chat_chunks(gen: Generation, meta):
+    def chunk(delta, finish_reason=None, **extra):
+        return {**meta, "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+                **extra}
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in gen:
+        yield chunk({"content": piece})
+    yield chunk({}, gen.finish_reason, usage=_usage(gen))
+
+
+# ---------------------------------------------------------------- multi-turn sessions
+
+class ChatSession:
+    """A conversation whose KV cache carries over between turns.
+
+    Each turn renders the whole history with the chat template (templates may rewrite earlier
+    turns, e.g. Qwen3 drops old <think> blocks), then reuses the longest cached prefix of it.
+    """
+
+    def __init__(self, model, system=None, template_kwargs=None, **options):
+        _require_tokenizer(model)
+        self.model = model
+        self.system = system
+        self.template_kwargs = dict(template_kwargs or {})
+        self.options = options
+        self.sequence = model.new_sequence()
+        self.messages = []
+        self.reset()
+
+    def reset(self):
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.sequence.truncate(0)
+
+    def send(self, text, **options) -> Generation:
+        """Add a user turn; returns the Generation of the reply (iterate it to stream). The reply
+        is recorded in the history when the iteration ends, even if it is cut short."""
+        self.messages.append({"role": "user", "content": text})
+        prompt = render_chat(self.model, self.messages, **self.template_kwargs)
+        ids = self.model.tokenizer.encode(prompt)
+        if len(ids) >= self.sequence.capacity:
+            self.messages.pop()
+            raise ContextLengthExceeded(
+                f"context_length_exceeded: the conversation needs {len(ids)} tokens, the context holds "
+                f"{self.sequence.capacity}; /reset to start over")
+        gen = Generation(self.model, ids, sequence=self.sequence, **{**self.options, **options})
+        return _RecordingGeneration(gen, self.messages)
+
+    @property
+    def cached_tokens(self):
+        return len(self.sequence)
+
+
+class _RecordingGeneration:
+    """Iterates a Generation and appends the assistant's reply to the history at the end."""
+
+    def __init__(self, gen, messages):
+        self.gen, self.messages = gen, messages
+
+    def __getattr__(self, name):
+        return getattr(self.gen, name)
+
+    def __iter__(self):
+        try:
+            yield from self.gen
+        finally:
+            self.messages.append({"role": "assistant", "content": self.gen.text})
+
+    def run(self) -> str:
+        for _ in self:
+            pass
+        return self.gen.text
