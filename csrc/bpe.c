@@ -462,17 +462,21 @@ typedef struct {
 } merge_slot;
 
 typedef struct {
+    int32_t left, right, id; /* merge number `rank` joins left and right into id */
+} merge_rule;
+
+typedef struct {
     uint32_t hash; /* low bits of hash_bytes, to skip most byte comparisons */
     int32_t id;    /* -1 when free */
 } vocab_slot;
 
 /* ==== The model ================================================================================ */
-#define CACHE_BITS 15
+#define CACHE_BITS 14
 #define CACHE_MAX_WORDS (1u << (CACHE_BITS - 1))
-#define CACHE_MAX_KEY 48
+#define CACHE_MAX_KEY 64
 
 typedef struct {
-    uint64_t hash;
+    uint32_t hash;     /* low bits of hash_bytes */
     uint32_t key_off;  /* into cache_keys */
     uint32_t ids_off;  /* into cache_ids */
     uint16_t key_len;  /* 0 when free */
@@ -492,6 +496,7 @@ struct bpe_model {
     unsigned vocab_bits;
     merge_slot *merges;          /* (left, right) -> (rank, merged) */
     unsigned merge_bits;
+    merge_rule *rules;           /* [n_merges] rank -> (left, right, merged) */
 
     int ignore_merges, flags;
 
@@ -561,10 +566,12 @@ static void free_tables(bpe_model *m)
     free(m->tok_len);
     free(m->vocab);
     free(m->merges);
+    free(m->rules);
     m->tok_bytes = NULL;
     m->tok_off = m->tok_len = NULL;
     m->vocab = NULL;
     m->merges = NULL;
+    m->rules = NULL;
     m->n_tokens = 0;
 }
 
@@ -704,11 +711,13 @@ int bpe_load_merges(bpe_model *m, const char *blob, size_t len, int32_t n_merges
     if (!m->n_tokens)
         return fail(m, "load the tokens before the merges");
     free(m->merges);
+    free(m->rules);
     cache_clear(m);
     m->merge_bits = table_bits(n_merges > 0 ? (size_t)n_merges : 1);
     m->merges = malloc(sizeof(merge_slot) << m->merge_bits);
+    m->rules = malloc(sizeof(merge_rule) * (n_merges > 0 ? (size_t)n_merges : 1));
     uint8_t *buf = malloc(2 * len + 2); /* left, right and their concatenation, as raw bytes */
-    if (!m->merges || !buf) {
+    if (!m->merges || !m->rules || !buf) {
         free(buf);
         return fail(m, "out of memory");
     }
@@ -740,6 +749,7 @@ int bpe_load_merges(bpe_model *m, const char *blob, size_t len, int32_t n_merges
                       (int)(end - p > 80 ? 80 : end - p), (const char *)s + p);
         else
             merge_insert(m, left, right, (uint32_t)rank, merged);
+        m->rules[rank] = (merge_rule){left, right, merged};
         p = end + 1;
     }
     free(buf);
@@ -750,7 +760,7 @@ int bpe_load_merges(bpe_model *m, const char *blob, size_t len, int32_t n_merges
  * Symbols form a linked list; every neighbour pair that has a merge sits in a min-heap ordered by
  * (rank, position).  Popping the best pair and merging it only touches its two new neighbour
  * pairs.  Heap entries are not removed when their pair changes: a popped entry is used only if
- * the pair at its position still has that rank. */
+ * the pair at its position is still the one its rank names (checked without a hash lookup). */
 static inline int cand_less(bpe_cand a, bpe_cand b)
 {
     return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
@@ -832,12 +842,10 @@ static void merge_by_rank(bpe_model *m, bpe_sym *sym, size_t n)
     while (nh) {
         bpe_cand c = heap_pop(heap, &nh);
         int32_t a = c.pos, b = sym[a].next;
-        if (sym[a].id < 0 || b < 0)
-            continue;
-        const merge_slot *ms = merge_find(m, sym[a].id, sym[b].id);
-        if (!ms || ms->rank != c.rank) /* stale: the pair changed since it was queued */
-            continue;
-        merge_at(sym, a, ms->id);
+        const merge_rule *rule = &m->rules[c.rank];
+        if (b < 0 || sym[a].id != rule->left || sym[b].id != rule->right)
+            continue; /* stale: the pair changed since it was queued */
+        merge_at(sym, a, rule->id);
         if (sym[a].prev >= 0)
             push_pair(m, heap, &nh, sym, sym[a].prev);
         if (sym[a].next >= 0)
@@ -893,7 +901,7 @@ static const cache_slot *cache_find(const bpe_model *m, const uint8_t *p, size_t
         const cache_slot *s = &m->cache[i];
         if (!s->key_len)
             return NULL;
-        if (s->hash == h && s->key_len == n && memcmp(m->cache_keys + s->key_off, p, n) == 0)
+        if (s->hash == (uint32_t)h && s->key_len == n && memcmp(m->cache_keys + s->key_off, p, n) == 0)
             return s;
     }
 }
@@ -907,7 +915,7 @@ static void cache_put(bpe_model *m, const uint8_t *p, size_t n, uint64_t h, cons
     while (m->cache[i].key_len)
         i = (i + 1) & mask;
     cache_slot *s = &m->cache[i];
-    s->hash = h;
+    s->hash = (uint32_t)h;
     s->key_off = m->cache_key_used;
     s->ids_off = m->cache_ids_used;
     s->key_len = (uint16_t)n;

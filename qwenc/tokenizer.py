@@ -227,27 +227,33 @@ class Tokenizer:
         (non-special added tokens such as <tool_call> are still recognised)."""
         if not isinstance(text, str):
             raise TypeError(f"encode() needs a str, not {type(text).__name__}")
+        if self._raw_re is None or self._raw_re.search(text) is None:  # the common case
+            return self._encode_piece(text, allow_special)
         ids = []
         for piece, tid in self._split_added(text, self._raw_re, allow_special):
-            if tid is not None:
+            if tid is None:
+                ids += self._encode_piece(piece, allow_special)
+            else:
                 ids.append(tid)
-                continue
-            if self._nfc:
-                piece = unicodedata.normalize("NFC", piece)  # returns at once when already NFC
-            for sub, sub_id in self._split_added(piece, self._normalized_re, allow_special):
-                if sub_id is not None:
-                    ids.append(sub_id)
-                else:
-                    ids += self._bpe.encode(sub.encode("utf-8"))
+        return ids
+
+    def _encode_piece(self, text: str, allow_special: bool) -> list:
+        """Ids of text that holds no raw (unnormalized) added token."""
+        if self._nfc:
+            text = unicodedata.normalize("NFC", text)  # returns at once when already NFC
+        if self._normalized_re is None:
+            return self._bpe.encode(text.encode("utf-8"))
+        ids = []
+        for piece, tid in self._split_added(text, self._normalized_re, allow_special):
+            if tid is None:
+                ids += self._bpe.encode(piece.encode("utf-8"))
+            else:
+                ids.append(tid)
         return ids
 
     def _split_added(self, text: str, pattern, allow_special: bool):
         """(text, None) and (None, id) pieces: `text` cut around the added tokens that
         `pattern` finds. A special token found while specials are off stays in the text."""
-        if pattern is None:
-            if text:
-                yield text, None
-            return
         start = 0
         for m in pattern.finditer(text):
             tid = self._added[m.group()]
