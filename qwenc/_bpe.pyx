@@ -6,7 +6,8 @@ The GIL stays held while C runs: a model's scratch buffers and word cache are no
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_New, PyList_SET_ITEM
-from cpython.long cimport PyLong_FromLong
+from cpython.long cimport PyLong_Check, PyLong_FromLong
+from cpython.number cimport PyNumber_Index
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, uint8_t, uint32_t
@@ -111,6 +112,8 @@ cdef class BPE:
 
     cdef int32_t checked_id(self, object x) except -1:
         cdef long long v
+        if not PyLong_Check(x):
+            x = PyNumber_Index(x)  # numpy integers pass; floats and strings raise TypeError
         try:
             v = x
         except OverflowError:

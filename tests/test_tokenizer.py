@@ -145,7 +145,7 @@ def test_specials_as_text(tok):
     assert tok.encode("<tool_call>", allow_special=False) == [tok.token_to_id("<tool_call>")]
 
 
-def to_byte_level(raw: bytes) -> str:
+def _byte_alphabet():
     chars, extra = [], 256
     for b in range(256):
         if 0x21 <= b <= 0x7E or 0xA1 <= b <= 0xAC or b >= 0xAE:
@@ -153,7 +153,15 @@ def to_byte_level(raw: bytes) -> str:
         else:
             chars.append(chr(extra))
             extra += 1
-    return "".join(chars[b] for b in raw)
+    return chars
+
+
+BYTE_CHARS = _byte_alphabet()
+
+
+def to_byte_level(raw: bytes) -> str:
+    """Bytes in the byte-level alphabet that HF pre-tokenizers output."""
+    return "".join([BYTE_CHARS[b] for b in raw])
 
 
 def test_pretokenizer_pieces_match_oracle(tok, oracle, corpus):
@@ -168,6 +176,19 @@ def test_pretokenizer_pieces_match_oracle(tok, oracle, corpus):
         if ours != ref:
             bad.append(s)
     assert not bad, report(bad, len(corpus), "pre-tokens differ")
+
+
+def test_contraction_case_folding_matches_oracle(tok, oracle):
+    """(?i:'s|'t|'re|'ve|'m|'ll|'d) under Unicode case folding: try every cased character (and a
+    sample of the rest) in each letter slot of the contractions (U+017F LONG S folds to 's')."""
+    every = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    cased = [c for c in every if c.lower() != c or c.upper() != c or c.casefold() != c]
+    cps = cased + random.Random(5).sample(every, 20000)
+    for template in ["'{}", "'{}e", "'r{}", "'l{}"]:
+        text = "\n".join(template.format(c) for c in cps)
+        ours = [to_byte_level(p) for p in tok._bpe.pretokenize(text.encode("utf-8"))]
+        ref = [p for p, _ in oracle.pre_tokenizer.pre_tokenize_str(text)]
+        assert ours == ref, template
 
 
 def test_unicode_classes_match_oracle_regex_engine(tok):
@@ -382,8 +403,11 @@ def test_bad_input_raises_cleanly(tok):
     for ids in ([-1], [N_REAL], [151935], [10 ** 30], [1, 2, 151700]):
         with pytest.raises(IndexError):
             tok.decode(ids)
-    with pytest.raises(TypeError):
-        tok.decode(["x"])
+    for bad_id in ("x", 1.5, None):
+        with pytest.raises(TypeError):
+            tok.decode([bad_id])
+        with pytest.raises(TypeError):
+            tok.token_bytes(bad_id)
     with pytest.raises(TypeError):
         tok.decode(None)
     for i in (-1, N_REAL, 151935, 10 ** 30):
