@@ -10,8 +10,13 @@ Encoding, as Qwen's `tokenizer.json` defines it:
 
 Decoding concatenates the tokens' raw bytes and decodes them as UTF-8, bad bytes becoming U+FFFD.
 
-Unicode versions: the pattern's letter/number classes are Unicode 16.0 (csrc/bpe.c); NFC comes
-from Python's `unicodedata` (Unicode 14.0 on Python 3.11).
+Unicode versions: the pattern's letter/number/space classes are Unicode 16.0 (csrc/bpe.c), the
+classes of the regex engine inside HF `tokenizers`, checked on every code point by the tests.
+NFC comes from Python's `unicodedata` (Unicode 14.0 on Python 3.11). HF's NFC data is older
+(it acts as Unicode 13): the two differ only where one of the combining marks new in Unicode 14
+(e.g. U+0898..U+089F) precedes a mark of a lower combining class, which they reorder differently.
+
+A Tokenizer may be shared between threads: the C calls hold the GIL.
 """
 from __future__ import annotations
 
@@ -136,6 +141,9 @@ class Tokenizer:
             raise NotImplementedError(f"GGUF tokenizer model {model!r}: only byte-level BPE ('gpt2')")
         if pre != "qwen2":
             raise NotImplementedError(f"GGUF pre-tokenizer {pre!r}: only Qwen's ('qwen2') is implemented")
+        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+            if key not in md:
+                raise ValueError(f"GGUF metadata lacks {key}")
         tokens = list(md["tokenizer.ggml.tokens"])
         n = len(tokens)
         types = md.get("tokenizer.ggml.token_type")
