@@ -1,2 +1,123 @@
 # cython: language_level=3
-"""Weight storage types: dequantization and quantization of rows (csrc/quant.c)."""
+"""Weight storage types: dequantization and quantization of rows (csrc/quant.c).
+
+The row kernels are what the model runs on; these wrappers expose them to Python for loading
+(small tensors to float32), for tests against a reference implementation, and for benchmarks.
+"""
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int64_t
+
+cnp.import_array()
+
+
+cdef extern from "quant.h":
+    int qw_dtype_supported(int dtype)
+    int qw_block_size(int dtype)
+    size_t qw_row_bytes(int dtype, int64_t n)
+    void qw_dequant_row(int dtype, const void *src, float *dst, int64_t n) nogil
+    float qw_dot_row(int dtype, const void *row, const float *x, int64_t n) nogil
+    void qw_quantize_row_q8_0(const float *src, void *dst, int64_t n) nogil
+
+cdef extern from "cpu.h":
+    int qw_cpu_has_avx2()
+    int qw_set_simd(int enabled)
+    int qw_use_avx2()
+
+Q8_0 = 8
+
+
+def _row_bytes(int dtype, Py_ssize_t rows, Py_ssize_t cols):
+    """Bytes per row, after checking the type and the shape."""
+    if not qw_dtype_supported(dtype):
+        raise ValueError(f"unsupported weight type code {dtype}")
+    if rows < 0 or cols <= 0:
+        raise ValueError(f"bad shape [{rows}, {cols}]")
+    bs = qw_block_size(dtype)
+    if cols % bs:
+        raise ValueError(f"row length {cols} is not a multiple of the type's block size {bs}")
+    return qw_row_bytes(dtype, cols)
+
+
+def _as_bytes(data, int dtype, Py_ssize_t rows, Py_ssize_t cols):
+    """`data` as a C-contiguous uint8 array of exactly rows * row_bytes bytes (no copy if it is one)."""
+    rb = _row_bytes(dtype, rows, cols)
+    arr = np.asarray(data)
+    if arr.dtype != np.uint8:
+        raise ValueError(f"expected uint8 data, got {arr.dtype}")
+    arr = np.ascontiguousarray(arr).reshape(-1)
+    if arr.size != rows * rb:
+        raise ValueError(f"type {dtype} [{rows}, {cols}] needs {rows * rb} bytes, got {arr.size}")
+    return arr, rb
+
+
+def dequantize(data, int dtype, Py_ssize_t rows, Py_ssize_t cols):
+    """float32 [rows, cols] from the stored bytes of a [rows, cols] tensor of type `dtype`."""
+    arr, rb = _as_bytes(data, dtype, rows, cols)
+    out = np.empty((rows, cols), dtype=np.float32)
+    cdef const unsigned char[::1] src = arr
+    cdef float[:, ::1] dst = out
+    cdef size_t row_bytes = rb
+    cdef Py_ssize_t r
+    if rows == 0:
+        return out
+    with nogil:
+        for r in range(rows):
+            qw_dequant_row(dtype, &src[r * row_bytes], &dst[r, 0], cols)
+    return out
+
+
+def dot_rows(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, x):
+    """float32 [rows]: each stored row dotted with x (float32 [cols]), by the fused row kernel."""
+    arr, rb = _as_bytes(data, dtype, rows, cols)
+    xa = np.ascontiguousarray(x, dtype=np.float32)
+    if xa.ndim != 1 or xa.shape[0] != cols:
+        raise ValueError(f"x must have shape [{cols}], got {list(np.shape(x))}")
+    out = np.empty(rows, dtype=np.float32)
+    cdef const unsigned char[::1] src = arr
+    cdef const float[::1] xv = xa
+    cdef float[::1] dst = out
+    cdef size_t row_bytes = rb
+    cdef Py_ssize_t r
+    if rows == 0:
+        return out
+    with nogil:
+        for r in range(rows):
+            dst[r] = qw_dot_row(dtype, &src[r * row_bytes], &xv[0], cols)
+    return out
+
+
+def quantize_q8_0(x):
+    """uint8 [rows, cols / 32 * 34]: the Q8_0 bytes of a float32 [rows, cols] array."""
+    xa = np.ascontiguousarray(x, dtype=np.float32)
+    if xa.ndim != 2:
+        raise ValueError(f"expected a 2-D array, got shape {list(xa.shape)}")
+    rows, cols = xa.shape
+    rb = _row_bytes(Q8_0, rows, cols)
+    out = np.empty((rows, rb), dtype=np.uint8)
+    cdef const float[:, ::1] src = xa
+    cdef unsigned char[:, ::1] dst = out
+    cdef Py_ssize_t r, nrows = rows, ncols = cols
+    if nrows == 0:
+        return out
+    with nogil:
+        for r in range(nrows):
+            qw_quantize_row_q8_0(&src[r, 0], &dst[r, 0], ncols)
+    return out
+
+
+def set_simd(enabled):
+    """Use the AVX2 kernels (True, where the CPU has them) or the plain C ones; returns the
+    previous setting."""
+    return bool(qw_set_simd(1 if enabled else 0))
+
+
+def simd_enabled():
+    """True when the kernels currently take their AVX2 path."""
+    return bool(qw_use_avx2())
+
+
+def has_avx2():
+    """True when this CPU has AVX2, FMA and F16C (whatever the setting)."""
+    return bool(qw_cpu_has_avx2())

@@ -1,0 +1,371 @@
+"""GGUF reader: metadata, tensor table and zero-copy tensor views, plus the mapping to HF names.
+
+A GGUF file (versions 2 and 3; little-endian) is laid out as
+
+    magic "GGUF" | version u32 | tensor count u64 | metadata count u64
+    metadata:  key string | value type u32 | value            (repeated)
+    tensors:   name string | n_dims u32 | dims u64 x n_dims | GGML type u32 | offset u64
+    padding to `general.alignment` (default 32), then the tensor data
+
+where a string is a u64 byte length and UTF-8 bytes, and an array value is an element type u32,
+a u64 count and the elements (which may themselves be arrays). dims run fastest-first (ne0 is
+the row length), the reverse of the HF/numpy shape. Offsets are relative to the data section.
+
+The file is mapped read-only and tensor data is never copied: `tensor_bytes` returns a uint8
+view into the mapping, which the row kernels read in place. Anything inconsistent (bad magic,
+an unsupported version, a value or tensor type this reader does not know, a read past the end,
+tensor data out of bounds) raises GGUFError naming the file.
+"""
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .tensors import Tensor
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML tensors have at most 4 dimensions
+
+# Metadata value types.
+UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
+
+# Fixed-size value types: struct format (little-endian) and numpy dtype for arrays of them.
+_SCALAR = {
+    UINT8: ("<B", np.uint8), INT8: ("<b", np.int8), UINT16: ("<H", np.uint16), INT16: ("<h", np.int16),
+    UINT32: ("<I", np.uint32), INT32: ("<i", np.int32), FLOAT32: ("<f", np.float32),
+    BOOL: ("<?", np.bool_), UINT64: ("<Q", np.uint64), INT64: ("<q", np.int64), FLOAT64: ("<d", np.float64),
+}
+
+# GGML tensor types: code -> (name, elements per block, bytes per block). Every type a GGUF may
+# hold is listed so that the data section can be bounds-checked; which of them the kernels can
+# compute with is a separate question (qwenc.tensors.BLOCK).
+GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
+}
+# (Q8_1, code 9, is left out: it is an in-memory type that files never store.)
+
+
+class GGUFError(ValueError):
+    """A file that is not a GGUF this reader can use; the message names the file."""
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    name: str
+    dtype: int            # GGML type code
+    shape: tuple          # GGUF order: ne0 (the contiguous row length) first
+    offset: int           # absolute byte offset of the data in the file
+    nbytes: int
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class _Cursor:
+    """Sequential little-endian reads from the mapped header, each checked against the file end."""
+
+    def __init__(self, buf, path):
+        self.buf = buf
+        self.size = len(buf)
+        self.pos = 0
+        self.path = path
+
+    def error(self, msg):
+        return GGUFError(f"{self.path}: {msg}")
+
+    def take(self, n):
+        """Advance over n bytes, returning where they start."""
+        start = self.pos
+        if n < 0 or start + n > self.size:
+            raise self.error(f"truncated file: needs {start + n} bytes, has {self.size}")
+        self.pos = start + n
+        return start
+
+    def scalar(self, vtype):
+        fmt, _ = _SCALAR[vtype]
+        start = self.take(struct.calcsize(fmt))
+        return struct.unpack_from(fmt, self.buf, start)[0]
+
+    def u32(self):
+        return self.scalar(UINT32)
+
+    def u64(self):
+        return self.scalar(UINT64)
+
+    def string(self):
+        n = self.u64()
+        start = self.take(n)
+        # Exact round trip: bytes that are not UTF-8 survive as lone surrogates.
+        return bytes(self.buf[start:start + n]).decode("utf-8", errors="surrogateescape")
+
+    def value(self, vtype, depth=0):
+        if vtype in _SCALAR:
+            return self.scalar(vtype)
+        if vtype == STRING:
+            return self.string()
+        if vtype == ARRAY:
+            return self.array(depth)
+        raise self.error(f"unknown metadata value type {vtype} at byte {self.pos - 4}")
+
+    def array(self, depth):
+        if depth > 16:  # no real file nests this deep; refuse rather than recurse without end
+            raise self.error("metadata arrays nested too deeply")
+        etype = self.u32()
+        count = self.u64()
+        if etype in _SCALAR:
+            _, dtype = _SCALAR[etype]
+            itemsize = np.dtype(dtype).itemsize
+            start = self.take(count * itemsize)
+            # Fixed-size elements in one go; tolist() gives Python ints/floats/bools.
+            return np.frombuffer(self.buf, dtype=np.dtype(dtype).newbyteorder("<"), count=count,
+                                 offset=start).tolist()
+        if etype == STRING:
+            return self.string_array(count)
+        if etype == ARRAY:
+            return [self.array(depth + 1) for _ in range(count)]
+        raise self.error(f"unknown metadata array element type {etype} at byte {self.pos - 12}")
+
+    def string_array(self, count):
+        # The vocabulary arrays hold ~150k strings: unpack lengths directly rather than through
+        # the general path.
+        buf, size, pos = self.buf, self.size, self.pos
+        out = []
+        unpack = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self.take(8)  # raises the truncation error
+            n = unpack(buf, pos)[0]
+            pos += 8
+            if pos + n > size:
+                self.pos = pos
+                self.take(n)
+            out.append(bytes(buf[pos:pos + n]).decode("utf-8", errors="surrogateescape"))
+            pos += n
+        self.pos = pos
+        return out
+
+
+class GGUFFile:
+    """An open GGUF file: `.version`, `.metadata` (key -> Python value), `.tensors` (name ->
+    GGUFTensorInfo, in file order), `.alignment`, `.data_offset`, and `tensor_bytes(name)`."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    raise GGUFError(f"{self.path}: empty file, not a GGUF")
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:
+            raise GGUFError(f"{self.path}: cannot read: {exc}") from exc
+        # A read-only uint8 view of the whole file; tensor views are slices of it.
+        self._bytes = np.frombuffer(self._map, dtype=np.uint8)
+        self.metadata = {}
+        self.value_types = {}  # key -> its GGUF value type (ARRAY for arrays)
+        self.tensors = {}
+        self._parse()
+
+    def _parse(self):
+        cur = _Cursor(self._map, self.path)
+        magic = bytes(self._map[:4])
+        if magic != GGUF_MAGIC:
+            if len(magic) < 4:
+                raise cur.error("truncated file: too short for a GGUF header")
+            raise cur.error(f"not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+        cur.take(4)
+        self.version = cur.u32()
+        if self.version not in SUPPORTED_VERSIONS:
+            if self.version & 0xFFFF == 0 and (self.version >> 16) in SUPPORTED_VERSIONS:
+                raise cur.error("big-endian GGUF files are not supported")
+            raise cur.error(f"unsupported GGUF version {self.version} (supported: 2, 3)")
+        n_tensors = cur.u64()
+        n_kv = cur.u64()
+        for _ in range(n_kv):
+            key = cur.string()
+            vtype = cur.u32()
+            if key in self.metadata:
+                raise cur.error(f"duplicate metadata key {key!r}")
+            self.metadata[key] = cur.value(vtype)
+            self.value_types[key] = vtype
+        self.alignment = self._alignment(cur)
+        infos = [self._tensor_info(cur) for _ in range(n_tensors)]
+        self.data_offset = -(-cur.pos // self.alignment) * self.alignment
+        for name, dtype, shape, rel in infos:
+            if name in self.tensors:
+                raise cur.error(f"duplicate tensor {name!r}")
+            self.tensors[name] = self._locate(cur, name, dtype, shape, rel)
+
+    def _alignment(self, cur):
+        align = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if self.value_types.get("general.alignment", UINT32) != UINT32 or align <= 0 or align & (align - 1):
+            raise cur.error(f"general.alignment must be a power-of-two u32, got {align!r}")
+        return align
+
+    def _tensor_info(self, cur):
+        name = cur.string()
+        n_dims = cur.u32()
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise cur.error(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
+        shape = tuple(cur.u64() for _ in range(n_dims))
+        dtype = cur.u32()
+        rel = cur.u64()
+        return name, dtype, shape, rel
+
+    def _locate(self, cur, name, dtype, shape, rel):
+        """The tensor's info after checking its type, row length, alignment and bounds."""
+        if dtype not in GGML_TYPES:
+            raise cur.error(f"tensor {name!r} has unknown GGML type {dtype}")
+        tname, block, block_bytes = GGML_TYPES[dtype]
+        if shape[0] % block:
+            raise cur.error(f"tensor {name!r}: row length {shape[0]} is not a multiple of the "
+                            f"{tname} block size {block}")
+        n = 1
+        for d in shape:
+            n *= d
+        nbytes = n // block * block_bytes
+        if rel % self.alignment:
+            raise cur.error(f"tensor {name!r}: data offset {rel} is not a multiple of the alignment "
+                            f"{self.alignment}")
+        start = self.data_offset + rel
+        if start + nbytes > cur.size:
+            raise cur.error(f"tensor {name!r}: data [{start}, {start + nbytes}) lies beyond the end "
+                            f"of the file ({cur.size} bytes); the file is truncated or corrupt")
+        return GGUFTensorInfo(name, dtype, shape, start, nbytes)
+
+    def tensor_bytes(self, name) -> np.ndarray:
+        """The stored bytes of tensor `name`: a read-only uint8 view into the mapped file."""
+        info = self.tensors[name]
+        return self._bytes[info.offset:info.offset + info.nbytes]
+
+    def __repr__(self):
+        return f"GGUFFile({self.path!r}, v{self.version}, {len(self.metadata)} keys, {len(self.tensors)} tensors)"
+
+
+def open_gguf(path) -> GGUFFile:
+    return GGUFFile(path)
+
+
+# ---------------------------------------------------------------- GGUF -> HF names and config
+
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+_TOP_LEVEL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+# blk.N.<gguf> -> model.layers.N.<hf>; weight and bias alike.
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def hf_tensor_name(name: str) -> str:
+    """The HF name of a GGUF tensor name; names with no HF counterpart are returned unchanged.
+
+    No weight is permuted: llama.cpp stores qwen2/qwen3 q/k projections in HF order (these models
+    use the rotate-half RoPE, which its converter leaves alone), unlike its llama conversion."""
+    if name in _TOP_LEVEL_NAMES:
+        return _TOP_LEVEL_NAMES[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES \
+            and parts[3] in ("weight", "bias"):
+        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{parts[3]}"
+    return name
+
+
+def _float_value(gf, key, default=None):
+    """A float metadata value; a float32 one as the shortest decimal that rounds to it (1e-06,
+    not 9.99999997e-07), as a config file would state it."""
+    x = gf.metadata.get(key, default)
+    if gf.value_types.get(key) == FLOAT32:
+        return float(str(np.float32(x)))
+    return float(x)
+
+
+def gguf_to_hf(gf: GGUFFile):
+    """(config, tensors): an HF-style config dict and the tensors under HF names and shapes.
+
+    Tensor data stays in the file's storage type; `Tensor.data` is the zero-copy byte view."""
+    md = gf.metadata
+    arch = md.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise GGUFError(f"{gf.path}: architecture {arch!r} is not supported "
+                        f"(supported: {', '.join(ARCHITECTURES)})")
+
+    def need(key):
+        """The full name of a required `<arch>.` key."""
+        full = f"{arch}.{key}"
+        if full not in md:
+            raise GGUFError(f"{gf.path}: metadata key {full!r} is missing")
+        return full
+
+    if "token_embd.weight" not in gf.tensors:
+        raise GGUFError(f"{gf.path}: tensor 'token_embd.weight' is missing")
+    hidden = int(md[need("embedding_length")])
+    heads = int(md[need("attention.head_count")])
+    config = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "num_hidden_layers": int(md[need("block_count")]),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(md.get(f"{arch}.attention.head_count_kv", heads)),
+        "intermediate_size": int(md[need("feed_forward_length")]),
+        "rms_norm_eps": _float_value(gf, need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _float_value(gf, f"{arch}.rope.freq_base", 10000.0),
+        "max_position_embeddings": int(md[need("context_length")]),
+        "vocab_size": int(gf.tensors["token_embd.weight"].shape[1]),
+        "head_dim": int(md.get(f"{arch}.attention.key_length", hidden // heads)),
+        "tie_word_embeddings": "output.weight" not in gf.tensors,
+        "attention_bias": "blk.0.attn_q.bias" in gf.tensors,
+        "torch_dtype": "float32",
+    }
+    # RoPE scaling, when present, is passed on so that the loader can refuse what it cannot run.
+    scaling = md.get(f"{arch}.rope.scaling.type")
+    if scaling is not None and scaling != "none":
+        rope = {"rope_type": scaling, "type": scaling}
+        if f"{arch}.rope.scaling.factor" in md:
+            rope["factor"] = _float_value(gf, f"{arch}.rope.scaling.factor")
+        if f"{arch}.rope.scaling.original_context_length" in md:
+            rope["original_max_position_embeddings"] = int(md[f"{arch}.rope.scaling.original_context_length"])
+        config["rope_scaling"] = rope
+    for key, hf in (("eos_token_id", "eos_token_id"), ("bos_token_id", "bos_token_id")):
+        if f"tokenizer.ggml.{key}" in md:
+            config[hf] = int(md[f"tokenizer.ggml.{key}"])
+
+    tensors = {}
+    for name, info in gf.tensors.items():
+        hf = hf_tensor_name(name)
+        tensors[hf] = Tensor(name=hf, dtype=info.dtype, shape=tuple(reversed(info.shape)),
+                             data=gf.tensor_bytes(name), source=gf.path)
+    return config, tensors
