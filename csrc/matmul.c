@@ -14,13 +14,17 @@
 #define SMALL_M 4
 /* Bytes of widened weights per tile: sized to stay in a core's 512 KiB L2 beside the activations. */
 #define TILE_BYTES (192 * 1024)
+/* Rows per work item in decode's matrix-vector products. */
+#define ROW_CHUNK 32
 
 /* ---------------------------------------------------------------- small M: fused row dots */
 
 static void matmul_rows(const uint8_t *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M,
                         float *Y, const float *bias) {
     size_t stride = qw_row_bytes(dtype, K);
-#pragma omp parallel for schedule(static)
+    /* Chunks handed out on demand: on a shared machine a descheduled thread's rows get done by
+     * the others instead of stalling the whole product. */
+#pragma omp parallel for schedule(dynamic, ROW_CHUNK)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *row = W + (size_t)n * stride;
         float b = bias ? bias[n] : 0.0f;

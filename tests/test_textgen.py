@@ -1,0 +1,214 @@
+"""Text generation end to end on a random-weight model that carries Qwen's real tokenizer:
+streaming vs non-streaming, stop strings, EOS, max_tokens, generation_config defaults, the
+OpenAI-shaped chat API, KV reuse across chat turns, and the CLI (`qwenc gen`, `qwenc chat`)."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import qwenc
+from modelgen import make_model
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def model_dir(qwen_tokenizer_dir, tmp_path_factory):
+    path, _ = make_model(tmp_path_factory.mktemp("textmodel"), arch="qwen2", dtype="bf16", vocab_size=151936,
+                         hidden_size=64, num_attention_heads=4, num_key_value_heads=2, seed=3)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(qwen_tokenizer_dir / name, path / name)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [151643, 151645]}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    return qwenc.load(model_dir, context=2048)
+
+
+GREEDY = dict(temperature=0)
+
+
+def test_stream_equals_generate_equals_decode(model):
+    prompt = "def fibonacci(n):"
+    text = model.generate(prompt, max_tokens=40, **GREEDY)
+    pieces = list(model.stream(prompt, max_tokens=40, **GREEDY))
+    assert "".join(pieces) == text and len(pieces) > 1
+    ids = list(model.generate_tokens(model.tokenizer.encode(prompt), max_tokens=40, **GREEDY))
+    assert text == model.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_stop_string_spanning_tokens_is_never_emitted(model):
+    prompt = "Once upon a time"
+    full = model.generate(prompt, max_tokens=60, **GREEDY)
+    assert len(full) > 20
+    stop = full[len(full) // 2: len(full) // 2 + 5]
+    expected = full[:full.find(stop)]
+    from qwenc.textgen import Generation
+    gen = Generation(model, model.tokenizer.encode(prompt), max_tokens=60, stop=[stop], **GREEDY)
+    pieces = list(gen)
+    assert "".join(pieces) == expected
+    assert gen.finish_reason == "stop"
+    assert all(stop not in p for p in pieces)
+
+
+def test_eos_and_max_tokens_finish_reasons(model):
+    from qwenc.textgen import Generation
+    ids = model.tokenizer.encode("hello")
+    free = list(model.generate_tokens(ids, max_tokens=10, **GREEDY))
+    gen = Generation(model, ids, max_tokens=10, stop_token_ids=[free[4]], **GREEDY)
+    gen.run()
+    assert gen.finish_reason == "stop" and gen.token_ids == free[:free.index(free[4])]
+    gen = Generation(model, ids, max_tokens=7, stop_token_ids=[], **GREEDY)
+    gen.run()
+    assert gen.finish_reason == "length" and gen.completion_tokens == 7
+
+
+def test_generation_config_defaults_and_overrides(model_dir, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(model_dir, d)
+    (d / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [151643, 151645], "do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+         "repetition_penalty": 1.05}))
+    m = qwenc.load(d)
+    p = m.sampling_params()
+    assert (p.temperature, p.top_p, p.top_k, p.repetition_penalty) == (0.7, 0.8, 20, 1.05)
+    assert m.sampling_params(temperature=0, top_k=5).temperature == 0
+    assert {151643, 151645} <= set(m.eos_token_ids)
+    with pytest.raises(ValueError, match="top_p"):
+        m.generate("x", top_p=0)
+
+
+def test_seeded_sampling_is_reproducible(model):
+    a = model.generate("x", max_tokens=20, temperature=1.0, seed=7)
+    b = model.generate("x", max_tokens=20, temperature=1.0, seed=7)
+    c = model.generate("x", max_tokens=20, temperature=1.0, seed=8)
+    assert a == b and a != c
+
+
+def test_chat_completion_shapes(model):
+    messages = [{"role": "user", "content": "Write a haiku about CPUs."}]
+    out = model.chat(messages, max_tokens=16, **GREEDY)
+    assert out["object"] == "chat.completion"
+    choice = out["choices"][0]
+    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")
+    rendered = model.tokenizer.apply_chat_template(messages) if hasattr(model.tokenizer, "apply_chat_template") \
+        else model.chat_template.render(messages, add_generation_prompt=True)
+    assert choice["message"]["content"] == model.generate(rendered, max_tokens=16, **GREEDY)
+    assert out["usage"]["prompt_tokens"] == len(model.tokenizer.encode(rendered))
+    chunks = list(model.chat(messages, stream=True, max_tokens=16, **GREEDY))
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == choice["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+    assert chunks[-1]["usage"] == out["usage"]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+
+
+def test_chat_session_reuses_the_cache(model, monkeypatch):
+    from qwenc.textgen import ChatSession, Generation, render_chat
+    session = ChatSession(model, max_tokens=12, **GREEDY)
+    first = session.send("Hello there").run()
+    cached = session.cached_tokens
+    prefilled = []
+    real_forward = model.forward
+
+    def counting_forward(seq, ids, all_positions=False):
+        prefilled.append(len(ids))
+        return real_forward(seq, ids, all_positions)
+
+    monkeypatch.setattr(model, "forward", counting_forward)
+    second = session.send("And again?").run()
+    monkeypatch.undo()
+    history = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": first},
+               {"role": "user", "content": "And again?"}]
+    full_prompt = model.tokenizer.encode(render_chat(model, history))
+    assert prefilled[0] < len(full_prompt) - cached + 8, "the second turn re-prefilled the first"
+    assert prefilled[0] <= len(full_prompt) - cached + 1 or cached > 0
+    assert second == Generation(model, full_prompt, max_tokens=12, **GREEDY).run()
+    session.reset()
+    assert session.cached_tokens == 0 and session.messages == []
+
+
+# ---------------------------------------------------------------- CLI
+
+def run_cli(*args, input=None, timeout=120):
+    """Run the CLI; stdout/stderr decoded as UTF-8 without newline translation (answers may hold \r)."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONIOENCODING="utf-8")
+    r = subprocess.run([sys.executable, "-m", "qwenc", *args], input=input.encode() if input else None,
+                       capture_output=True, timeout=timeout, env=env)
+    r.stdout, r.stderr = r.stdout.decode("utf-8"), r.stderr.decode("utf-8")
+    return r
+
+
+def test_cli_gen_streams_the_same_text(model, model_dir):
+    r = run_cli("gen", "-m", str(model_dir), "--temperature", "0", "-n", "12", "def add(a, b):")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == model.generate("def add(a, b):", max_tokens=12, **GREEDY) + "\n"
+    assert "tok/s" in r.stderr and "prefill" in r.stderr
+
+
+def test_cli_gen_chat_flag_and_errors(model, model_dir):
+    r = run_cli("gen", "-m", str(model_dir), "--chat", "--temperature", "0", "-n", "8", "hi")
+    assert r.returncode == 0, r.stderr
+    rendered = model.chat_template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert r.stdout == model.generate(rendered, max_tokens=8, **GREEDY) + "\n"
+    r = run_cli("gen", "-m", str(model_dir), "--top-p", "7", "hi")
+    assert r.returncode == 2 and "top_p" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("gen", "-m", "/nonexistent/model", "hi")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_cli_chat_piped_multi_turn_and_reset(model, model_dir):
+    from qwenc.textgen import ChatSession
+    r = run_cli("chat", "-m", str(model_dir), "--temperature", "0", "-n", "6",
+                input="Hello\nHow are you?\n/reset\nHello\n")
+    assert r.returncode == 0, r.stderr
+    session = ChatSession(model, max_tokens=6, **GREEDY)
+    first, second = session.send("Hello").run(), session.send("How are you?").run()
+    assert r.stdout == f"{first}\n{second}\n{first}\n", "history kept across turns, cleared by /reset"
+    assert "[conversation cleared]" in r.stderr
+    assert r.stderr.count("[prefill") == 3
+    assert "cached" in r.stderr.split("[conversation cleared]")[0], "turn 2 reused turn 1's cache"
+
+
+def test_cli_chat_ctrl_c_stops_the_answer_not_the_session(model_dir):
+    """Two long answers, each stopped by SIGINT (Ctrl-C); the session survives both."""
+    import threading
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONIOENCODING="utf-8")
+    p = subprocess.Popen([sys.executable, "-m", "qwenc", "chat", "-m", str(model_dir), "--temperature", "0",
+                          "-n", "100000", "--context", "200000"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out = bytearray()
+    drain = threading.Thread(target=lambda: [out.extend(chunk) for chunk in iter(lambda: p.stdout.read1(4096), b"")],
+                             daemon=True)
+    drain.start()
+
+    def interrupt_after_output():
+        start = len(out)
+        deadline = time.time() + 60
+        while time.time() < deadline and len(out) < start + 50:
+            time.sleep(0.1)
+        assert len(out) >= start + 50, "no streamed output before the interrupt"
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert p.poll() is None, "Ctrl-C killed the session"
+
+    try:
+        for message in (b"Tell me a long story\n", b"Another one\n"):
+            p.stdin.write(message)
+            p.stdin.flush()
+            interrupt_after_output()
+        p.stdin.write(b"/exit\n")
+        p.stdin.close()
+        assert p.wait(timeout=60) == 0
+        err = p.stderr.read().decode()
+        assert err.count("interrupted") == 2 and "Traceback" not in err
+    finally:
+        if p.poll() is None:
+            p.kill()
