@@ -49,9 +49,14 @@ def part_paths():
     return paths
 
 
-def _progress(done, total, out):
+def _progress(done, total, out, last=[-1]):
+    """Redraw the bar when the whole percentage changes (not on every 8 MB chunk)."""
     if out is None:
         return
+    percent = int(100 * done / total) if total else 100
+    if percent == last[0]:
+        return
+    last[0] = percent
     width = 30
     filled = int(width * done / total) if total else width
     out.write(f"\rassembling demo model [{'#' * filled}{'.' * (width - filled)}] "
