@@ -124,6 +124,8 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096) -> M
         cfg, tensors, tokenizer, gen, template = _gguf_parts(p)
     else:
         raise ValueError(f"{p}: not a model directory or a GGUF file")
+    if tokenizer is not None:
+        tokenizer.chat_template = template
     convert = (lambda t: convert_tensor(t, dtype)) if dtype else None
     weights = Weights(cfg, tensors, convert)
     return Model(cfg, weights, tokenizer=tokenizer, context=context, threads=threads,

@@ -110,10 +110,7 @@ def _usage(g: Generation):
 
 
 def render_chat(model, messages, add_generation_prompt=True, tools=None, **template_kwargs) -> str:
-    if model.chat_template is None:
-        raise ValueError("this model has no chat template")
-    return model.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                      **template_kwargs)
+    return _require_tokenizer(model).apply_chat_template(messages, add_generation_prompt, tools, **template_kwargs)
 
 
 def chat_completion(model, messages, stream=False, tools=None, template_kwargs=None, **options):

@@ -117,6 +117,7 @@ class Tokenizer:
         self._vocab_size = sum(1 for k in kinds if k)
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
+        self.chat_template = None  # a ChatTemplate, set by the loader when the model has one
 
         blob_strings = [("" if t is None else t) for t in tokens]
         for content, tid, _, _ in added:
@@ -130,6 +131,16 @@ class Tokenizer:
             raise ValueError("a merge contains a newline character")
         self._bpe = _bpe.BPE(blob.encode("utf-8"), n, bytes(in_vocab), bytes(kinds),
                              merge_blob.encode("utf-8"), len(merges), ignore_merges)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tools=None,
+                            **template_kwargs) -> str:
+        """The conversation rendered with the model's chat template, as transformers'
+        apply_chat_template(..., tokenize=False) renders it (note: add_generation_prompt defaults
+        to True here, since the usual next step is generating the assistant's turn)."""
+        if self.chat_template is None:
+            raise ValueError("this tokenizer has no chat template")
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                         **template_kwargs)
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod

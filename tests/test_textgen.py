@@ -98,8 +98,8 @@ def test_chat_completion_shapes(model):
     assert out["object"] == "chat.completion"
     choice = out["choices"][0]
     assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")
-    rendered = model.tokenizer.apply_chat_template(messages) if hasattr(model.tokenizer, "apply_chat_template") \
-        else model.chat_template.render(messages, add_generation_prompt=True)
+    rendered = model.tokenizer.apply_chat_template(messages)
+    assert rendered.endswith("<|im_start|>assistant\n") and "<|im_start|>user\nWrite a haiku" in rendered
     assert choice["message"]["content"] == model.generate(rendered, max_tokens=16, **GREEDY)
     assert out["usage"]["prompt_tokens"] == len(model.tokenizer.encode(rendered))
     chunks = list(model.chat(messages, stream=True, max_tokens=16, **GREEDY))
