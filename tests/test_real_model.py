@@ -1,0 +1,248 @@
+"""The real demo model (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF) against transformers.
+
+transformers loads the same GGUF with dtype=float32: it dequantizes every block to float32 and
+runs its own Qwen2 code, so it computes exactly the function the file describes. qwenc reads the
+blocks directly; the two must then agree up to float rounding. Checks:
+
+- logits at every position of 2,000+ tokens of prose, code and Chinese (tests/data/
+  real_model_texts.json, each text its own sequence of up to 512 tokens): top-1 agreement >= 99%
+  and mean KL(transformers || qwenc) < 0.01 nats;
+- 48-token greedy continuations of 12 prompts (raw and chat-templated) identical, a divergence
+  being allowed only at a step where transformers' own top-2 logit gap is below 1e-3;
+- dtype="q8_0" and "bf16" (re-encoded from the dequantized weights) within 98% / 0.02 nats;
+- falsifiers: a wrong RoPE theta and missing q/k biases fail the same thresholds.
+
+The reference (~3 GB, about a minute to build) is loaded once for the module. Run with -s to see
+the measured figures; they are also in every assertion message.
+"""
+import gc
+import inspect
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from real_model_quality import (WINDOW, Tally, compare_logits, load_reference, reference_logits,  # noqa: E402
+                                tally, text_windows)
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import qwenc  # noqa: E402
+from qwenc.textgen import render_chat  # noqa: E402
+
+MIN_AGREEMENT, MAX_KL = 0.99, 0.01          # stored weights vs their own float32 dequantization
+MIN_AGREEMENT_REENCODED, MAX_KL_REENCODED = 0.98, 0.02   # q8_0 / bf16 re-encodings
+GREEDY_TOKENS, TIE_GAP = 48, 1e-3
+
+
+@pytest.fixture(scope="module")
+def ours(demo_gguf):
+    return qwenc.load(demo_gguf, context=1024)
+
+
+@pytest.fixture(scope="module")
+def ref(demo_gguf):
+    model = load_reference(demo_gguf)
+    yield model
+    del model
+    gc.collect()
+
+
+@pytest.fixture(scope="module")
+def ref_logits(ref, long_window):
+    """transformers' logits for a token list. The 512-token Python window's are kept (311 MB):
+    the dtype and falsifier tests reuse them instead of paying for another float32 forward pass;
+    the others are dropped once compared."""
+    kept = {}
+
+    def get(ids):
+        key = tuple(ids)
+        if key in kept:
+            return kept[key]
+        out = reference_logits(ref, key)
+        if key == tuple(long_window):
+            kept[key] = out
+        return out
+    yield get
+    kept.clear()
+
+
+@pytest.fixture(scope="module")
+def windows(ours):
+    w = text_windows(ours.tokenizer)
+    # The data file and the tokenizer decide the count; the issue asks for at least 2,000 tokens.
+    assert sum(len(ids) for _, ids in w) >= 2000, [(n, len(ids)) for n, ids in w]
+    return w
+
+
+@pytest.fixture(scope="module")
+def long_window(windows):
+    """The 512-token Python window, for the cheaper checks."""
+    name, ids = next((n, ids) for n, ids in windows if n == "python_lru")
+    assert len(ids) == WINDOW
+    return ids
+
+
+# ---------------------------------------------------------------- logits at every position
+
+def test_logits_agree_over_2000_tokens(ours, windows, ref_logits):
+    total = Tally()
+    per_text = []
+    for name, ids in windows:
+        agree, kl = compare_logits(ref_logits(ids), ours.logits(ids, all_positions=True), ours.n_vocab)
+        total.add(agree, kl)
+        per_text.append(f"{name}: {len(ids)} tokens, {100 * agree.mean():.2f}% agree, mean KL {kl.mean():.3g}")
+    report = f"stored Q4_K_M vs transformers float32 over {total}\n  " + "\n  ".join(per_text)
+    print("\n" + report)
+    assert total.positions >= 2000
+    assert total.agreement >= MIN_AGREEMENT, report
+    assert total.mean_kl < MAX_KL, report
+
+
+# ---------------------------------------------------------------- greedy continuations
+
+RAW_PROMPTS = [
+    "def quicksort(arr):",
+    "#include <stdio.h>\n\n/* Print the first 20 Fibonacci numbers. */\nint main(void)\n{\n",
+    "// Return a copy of the array without duplicates, keeping the first occurrence.\nfunction unique(xs) {",
+    "The old harbour town woke slowly. By seven the fishing boats had",
+    "在一个下着小雨的早晨，",
+    "SELECT department, AVG(salary) AS avg_salary\nFROM employees\n",
+]
+CHAT_PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Explain, in a short paragraph, how a hash table handles collisions.",
+    "用中文解释一下什么是递归，并给出一个例子。",
+    "Write a Rust function that reverses the words in a sentence.",
+    "Write a short story opening about a lighthouse keeper who finds a message in a bottle.",
+    "Why does this Python loop skip elements? for x in xs:\n    if x % 2 == 0:\n        xs.remove(x)",
+]
+
+
+def _prompt_ids(model):
+    out = [("raw: " + p, model.tokenizer.encode(p)) for p in RAW_PROMPTS]
+    for p in CHAT_PROMPTS:
+        text = render_chat(model, [{"role": "user", "content": p}])
+        out.append(("chat: " + p, model.tokenizer.encode(text)))
+    return out
+
+
+def _reference_greedy(ref, prompts, n):
+    """transformers' greedy tokens and raw per-step logits for all prompts in one left-padded
+    batch: the float32 model reads 2.5 GB of weights per step, so one batched pass of 48 steps
+    costs what a single prompt would. A plain loop over the model's forward rather than
+    `generate`: generate fills unset options (EOS ids, sampling settings) from the model's
+    generation config, and stopping at <|im_end|> would cut the 48 steps short."""
+    width = max(len(ids) for _, ids in prompts)
+    pad = 151643  # <|endoftext|>; masked out, so its value does not matter
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in prompts])
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in prompts])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # each prompt starts at position 0
+    # transformers 5.2x renamed past_key_values to cache (the old name warns); accept both.
+    cache_arg = "cache" if "cache" in inspect.signature(ref.forward).parameters else "past_key_values"
+    tokens, steps = [], []
+    with torch.inference_mode():
+        out = ref(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                  logits_to_keep=1)
+        for i in range(n):
+            last = out.logits[:, -1].float()
+            steps.append(last.numpy())
+            token = last.argmax(-1, keepdim=True)
+            tokens.append(token)
+            if i + 1 == n:
+                break
+            mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = ref(input_ids=token, attention_mask=mask, position_ids=positions,
+                      use_cache=True, **{cache_arg: getattr(out, cache_arg)})
+    return torch.cat(tokens, dim=1).tolist(), np.stack(steps, axis=1)  # [prompt, step], [prompt, step, vocab]
+
+
+def first_divergence(ours, theirs, ref_step_logits, tie_gap=TIE_GAP):
+    """Compare greedy runs under the near-tie rule: at the first step where they differ,
+    transformers' top-2 gap there must be below `tie_gap`, and comparison stops. Returns
+    (steps compared and equal, gap at the divergence or None); raises AssertionError otherwise."""
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            top2 = np.sort(ref_step_logits[i])[-2:]
+            gap = float(top2[1] - top2[0])
+            assert gap < tie_gap, f"diverged at step {i} (qwenc {a}, transformers {b}), reference top-2 gap {gap:.4g}"
+            return i, gap
+    assert len(ours) == len(theirs)
+    return len(ours), None
+
+
+def test_greedy_continuations_match(ours, ref):
+    prompts = _prompt_ids(ours)
+    assert len(prompts) >= 10
+    theirs, logits = _reference_greedy(ref, prompts, GREEDY_TOKENS)
+    lines, identical, failures = [], 0, []
+    for (label, ids), ref_tokens, ref_steps in zip(prompts, theirs, logits):
+        mine = list(ours.generate_tokens(ids, max_tokens=GREEDY_TOKENS, temperature=0, repetition_penalty=1.0,
+                                         stop_token_ids=[]))
+        assert len(mine) == GREEDY_TOKENS
+        try:
+            same, gap = first_divergence(mine, ref_tokens, ref_steps[:, :ours.n_vocab])
+        except AssertionError as exc:
+            failures.append(f"{label[:50]!r}: {exc}")
+            continue
+        identical += gap is None
+        lines.append(f"{label[:50]!r}: " + ("identical" if gap is None else f"near-tie at step {same} (gap {gap:.2g})")
+                     + f" -> {ours.tokenizer.decode(mine[:12])!r}...")
+    report = f"{identical}/{len(prompts)} identical over {GREEDY_TOKENS} tokens\n  " + "\n  ".join(lines + failures)
+    print("\n" + report)
+    assert not failures, report
+    assert identical >= 10, report
+
+
+def test_near_tie_rule_can_fail():
+    """The rule itself: a divergence at a step with a clear winner is an error, at a tie it is not."""
+    steps = np.zeros((3, 5), np.float32)
+    steps[1, 2], steps[1, 3] = 5.0, 4.0          # step 1: clear winner (gap 1.0)
+    with pytest.raises(AssertionError, match="gap"):
+        first_divergence([0, 3, 1], [0, 2, 1], steps)
+    steps[1, 3] = 5.0 - 5e-4                     # step 1: near-tie
+    assert first_divergence([0, 3, 1], [0, 2, 4], steps) == (1, pytest.approx(5e-4, rel=1e-2))
+    assert first_divergence([0, 2, 1], [0, 2, 1], steps) == (3, None)
+
+
+# ---------------------------------------------------------------- re-encoded weights
+
+@pytest.mark.parametrize("dtype", ["q8_0", "bf16"])
+def test_reencoded_dtypes_stay_close(demo_gguf, dtype, long_window, ref_logits):
+    model = qwenc.load(demo_gguf, dtype=dtype, context=WINDOW)
+    q = tally(model, [("python_lru", long_window)], ref_logits)
+    print(f"\n{dtype} vs transformers float32: {q}")
+    assert q.positions == WINDOW
+    assert q.passes(MIN_AGREEMENT_REENCODED, MAX_KL_REENCODED), f"{dtype}: {q}"
+
+
+# ---------------------------------------------------------------- falsifiers
+
+def _wrong_theta(model):
+    """RoPE frequencies for theta 1e4 (the Llama default) instead of the file's 1e6."""
+    hd = model.config.head_dim
+    model.inv_freq = (1.0 / 1e4 ** (np.arange(0, hd, 2, dtype=np.float32) / hd)).astype(np.float32)
+
+
+def _no_qk_bias(model):
+    for layer in model.weights.layers:
+        layer.q.bias = layer.k.bias = None
+
+
+@pytest.mark.parametrize("breakage", [_wrong_theta, _no_qk_bias], ids=["rope-theta-1e4", "no-qk-bias"])
+def test_falsifiers_fail_the_thresholds(demo_gguf, breakage, long_window, ref_logits):
+    # The first 256 positions of the cached 512-token window: causal attention makes the
+    # reference's rows there identical to a 256-token run, and half the window halves the cost.
+    n = 256
+    model = qwenc.load(demo_gguf, context=n)
+    assert model.config.rope_theta == 1e6 and model.config.attention_bias  # what the breakages undo
+    breakage(model)
+    ids = long_window[:n]
+    q = Tally()
+    q.add(*compare_logits(ref_logits(long_window)[:n], model.logits(ids, all_positions=True), model.n_vocab))
+    print(f"\n{breakage.__name__}: {q}")
+    assert not q.passes(MIN_AGREEMENT, MAX_KL), f"{breakage.__name__} went unnoticed: {q}"
