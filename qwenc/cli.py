@@ -48,7 +48,8 @@ def _load(args):
     return model
 
 
-def _stats(gen, out=sys.stderr):
+def _stats(gen, out=None):
+    out = out or sys.stderr  # looked up at call time: stderr may have been redirected since import
     new = gen.prompt_tokens - gen.cached_tokens
     pre = new / gen.prefill_s if gen.prefill_s > 0 else 0.0
     dec = (gen.completion_tokens - 1) / gen.decode_s if gen.decode_s > 0 and gen.completion_tokens > 1 else 0.0
