@@ -52,15 +52,13 @@ def main():
     args = ap.parse_args()
 
     import qwenc
-    from qwenc.bench import bench_model, measure_bandwidth, weight_bytes_per_token
+    from qwenc.bench import bench_model, roofline
     if args.model is None:
         from make_qwen05b_shape import make
         args.model = str(make("bench-models/qwen05b-shape-bf16"))
 
     model = qwenc.load(args.model, threads=args.threads, context=args.prompt + args.gen + 8)
-    gbs = measure_bandwidth()
-    per_token = weight_bytes_per_token(model)
-    roof = gbs * 1e9 / per_token
+    gbs, per_token, roof = roofline(model)
     r = bench_model(model, args.prompt, args.gen, args.repeats)
     print(f"model {args.model}  threads {args.threads}  prompt {args.prompt}  gen {args.gen}  repeats {args.repeats}")
     print(f"read bandwidth {gbs:.1f} GB/s, weights read per token {per_token / 1e9:.3f} GB -> roofline {roof:.1f} tok/s")

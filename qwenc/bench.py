@@ -43,6 +43,13 @@ def measure_bandwidth(mb: int = 1024, repeats: int = 5) -> float:
     return W.nbytes / min(times) / 1e9
 
 
+def roofline(model):
+    """(measured GB/s, weight bytes read per decoded token, decode tok/s at that bandwidth)."""
+    gbs = measure_bandwidth()
+    per_token = weight_bytes_per_token(model)
+    return gbs, per_token, gbs * 1e9 / per_token
+
+
 def bench_model(model, prompt_tokens: int = 128, gen_tokens: int = 64, repeats: int = 3, seed: int = 0):
     """Median prefill and decode tokens/s over `repeats` runs on random prompt ids."""
     rng = np.random.default_rng(seed)

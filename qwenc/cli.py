@@ -139,12 +139,10 @@ def cmd_chat(args):
 # ---------------------------------------------------------------- bench
 
 def cmd_bench(args):
-    from qwenc.bench import bench_model, measure_bandwidth, weight_bytes_per_token
+    from qwenc.bench import bench_model, roofline
     args.context = args.prompt + args.gen + 8
     model = _load(args)
-    gbs = measure_bandwidth()
-    per_token = weight_bytes_per_token(model)
-    roof = gbs * 1e9 / per_token
+    gbs, per_token, roof = roofline(model)
     r = bench_model(model, args.prompt, args.gen, args.repeats)
     print(f"model     {model.source}")
     print(f"threads   {model.threads}   prompt {args.prompt}   generated {args.gen}   repeats {args.repeats} (medians)")

@@ -212,3 +212,9 @@ def test_cli_chat_ctrl_c_stops_the_answer_not_the_session(model_dir):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_cli_bench_reports_speeds_and_roofline(model_dir):
+    r = run_cli("bench", "-m", str(model_dir), "--prompt", "8", "--gen", "4", "--repeats", "1")
+    assert r.returncode == 0, r.stderr
+    assert "prefill" in r.stdout and "decode" in r.stdout and "roofline" in r.stdout
