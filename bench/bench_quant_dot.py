@@ -1,11 +1,19 @@
-"""Throughput of the fused row-dot kernels (qw_dot_row) per weight type, AVX2 vs plain C.
+"""Throughput of decode's matrix-vector product per weight type: float fused dots vs the integer
+path (8-bit activations, integer dots), on 1 and 2 threads.
 
-A decode step is a matrix-vector product per weight matrix, i.e. one qw_dot_row per output
-row; this times `dot_rows` over a 4864 x 896 matrix (the size of a 0.5B model's MLP projection)
-and prints the median rate in G elements (multiply-adds) per second, single-threaded. The matrix
-fits in L3, so this measures the kernels, not memory bandwidth.
+A decode step is a matrix-vector product per weight matrix. This times `_quant.matvec` over a
+4864 x 896 matrix (a 0.5B model's MLP projection; 896 x 4864 for the k-quants, whose rows must
+be a multiple of 256), which runs as qw_matmul does for one activation row: each row dotted with
+x by the fused float kernel (qw_dot_row), or x quantized once (qw_quantize_act, included in the
+time) and each row dotted by the integer kernel (qw_dot_row_act); rows are shared among OpenMP
+threads in chunks of 32. Rates are G multiply-adds per second, median over interleaved repeats
+(float, int8, float, int8, ...) so machine noise hits both alike. The default matrix fits in L3,
+so this measures the kernels; --rows 151936 (the output head) measures them against memory.
 
-    python bench/bench_quant_dot.py [--repeats N] [--types Q5_0,Q8_0,...]
+    python bench/bench_quant_dot.py [--repeats N] [--types Q5_0,Q8_0,...] [--threads 1,2]
+                                    [--rows R] [--plain]
+
+--plain adds the plain C paths (QWENC_SIMD=0's kernels), single-threaded.
 """
 import argparse
 import statistics
@@ -42,39 +50,62 @@ def random_weights(dtype, rows, cols, rng):
     return blocks.reshape(rows, -1)
 
 
-def time_dot(data, dtype, rows, cols, x, repeats):
-    _quant.dot_rows(data, dtype, rows, cols, x)  # warm caches
-    times = []
+def rates(data, dtype, rows, cols, x, variants, repeats):
+    """{variant: G MAC/s} for variants (int8, threads), timed interleaved; median of repeats."""
+    times = {v: [] for v in variants}
+    for v in variants:  # warm caches and thread pools
+        _quant.matvec(data, dtype, rows, cols, x, int8=v[0], threads=v[1])
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        _quant.dot_rows(data, dtype, rows, cols, x)
-        times.append(time.perf_counter() - t0)
-    return rows * cols / statistics.median(times) / 1e9
+        for v in variants:
+            t0 = time.perf_counter()
+            _quant.matvec(data, dtype, rows, cols, x, int8=v[0], threads=v[1])
+            times[v].append(time.perf_counter() - t0)
+    return {v: rows * cols / statistics.median(t) / 1e9 for v, t in times.items()}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--types", default="Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q4_K,Q5_K,Q6_K,F32,F16,BF16")
+    ap.add_argument("--threads", default="1,2", help="thread counts, comma-separated (default 1,2)")
+    ap.add_argument("--rows", type=int, default=ROWS, help=f"matrix rows (default {ROWS})")
+    ap.add_argument("--plain", action="store_true", help="also time the plain C kernels (1 thread)")
     args = ap.parse_args()
     by_name = {v: k for k, v in DTYPE_NAMES.items()}
+    threads = [int(t) for t in args.threads.split(",")]
     rng = np.random.default_rng(0)
-    print(f"dot_rows over {ROWS * COLS / 1e6:.2f}M elements, median of {args.repeats}, 1 thread "
-          f"(AVX2 available: {_quant.has_avx2()})")
-    print(f"{'type':6} {'shape':>10} {'AVX2 G/s':>9} {'plain G/s':>9} {'speedup':>8}")
-    for name in args.types.split(","):
-        dtype = by_name[name]
-        elems = BLOCK[dtype][0]
-        # k-quant rows must be a multiple of 256: use the transposed shape (a down projection)
-        rows, cols = (ROWS, COLS) if COLS % elems == 0 else (COLS, ROWS)
-        data = random_weights(dtype, rows, cols, rng)
-        x = rng.standard_normal(cols, dtype=np.float32)
-        prev = _quant.set_simd(True)
-        fast = time_dot(data, dtype, rows, cols, x, args.repeats) if _quant.has_avx2() else float("nan")
-        _quant.set_simd(False)
-        plain = time_dot(data, dtype, rows, cols, x, max(3, args.repeats // 5))
+    print(f"matvec over {args.rows} x {COLS} (k-quants {COLS} x {args.rows}), G multiply-adds/s, "
+          f"median of {args.repeats}; AVX2 available: {_quant.has_avx2()}")
+    head = f"{'type':6} {'shape':>11}"
+    for t in threads:
+        head += f" {'float ' + str(t) + 'T':>9} {'int8 ' + str(t) + 'T':>8} {'x':>5}"
+    if args.plain:
+        head += f" {'plain f':>8} {'plain i8':>8}"
+    print(head)
+    prev = _quant.set_simd(True)
+    try:
+        for name in args.types.split(","):
+            dtype = by_name[name]
+            elems = BLOCK[dtype][0]
+            rows, cols = (args.rows, COLS) if COLS % elems == 0 else (COLS, args.rows - args.rows % 256)
+            data = random_weights(dtype, rows, cols, rng)
+            x = rng.standard_normal(cols, dtype=np.float32)
+            has_int8 = _quant.act_bytes(dtype, cols) > 0
+            variants = [(i8, t) for t in threads for i8 in ((False, True) if has_int8 else (False,))]
+            r = rates(data, dtype, rows, cols, x, variants, args.repeats)
+            line = f"{name:6} {rows:>5}x{cols:<5}"
+            for t in threads:
+                f, i = r[(False, t)], r.get((True, t), float("nan"))
+                line += f" {f:9.2f} {i:8.2f} {i / f:5.2f}" if has_int8 else f" {f:9.2f} {'-':>8} {'':>5}"
+            if args.plain:
+                _quant.set_simd(False)
+                pv = [(False, 1)] + ([(True, 1)] if has_int8 else [])
+                p = rates(data, dtype, rows, cols, x, pv, max(3, args.repeats // 5))
+                _quant.set_simd(True)
+                line += f" {p[(False, 1)]:8.2f} {p.get((True, 1), float('nan')):8.2f}"
+            print(line, flush=True)
+    finally:
         _quant.set_simd(prev)
-        print(f"{name:6} {rows:>5}x{cols:<4} {fast:9.2f} {plain:9.2f} {fast / plain:7.1f}x")
 
 
 if __name__ == "__main__":

@@ -14,22 +14,54 @@
 #define SMALL_M 4
 /* Bytes of widened weights per tile: sized to stay in a core's 512 KiB L2 beside the activations. */
 #define TILE_BYTES (192 * 1024)
-/* Rows per work item in decode's matrix-vector products. */
+/* Fewest rows per work item in decode's matrix-vector products. */
 #define ROW_CHUNK 32
 
 /* ---------------------------------------------------------------- small M: fused row dots */
 
-static void matmul_rows(const uint8_t *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M,
-                        float *Y, const float *bias) {
+/* Float activations: each stored row widened on the fly and dotted with each X row. */
+static void matmul_rows_f32(const uint8_t *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M,
+                            float *Y, const float *bias) {
     size_t stride = qw_row_bytes(dtype, K);
-    /* Chunks handed out on demand: on a shared machine a descheduled thread's rows get done by
-     * the others instead of stalling the whole product. */
-#pragma omp parallel for schedule(dynamic, ROW_CHUNK)
+    /* Chunks handed out on demand, so that on a shared machine a descheduled thread's rows get
+     * done by the others instead of stalling the whole product; guided, so that the first
+     * chunks are long runs of rows (half the rows over the threads, then smaller, down to
+     * ROW_CHUNK): a thread streaming one long run keeps the hardware prefetchers ahead of it,
+     * where short interleaved chunks left decode's products at half the memory bandwidth. */
+#pragma omp parallel for schedule(guided, ROW_CHUNK)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *row = W + (size_t)n * stride;
         float b = bias ? bias[n] : 0.0f;
         for (int64_t m = 0; m < M; m++) Y[m * N + n] = qw_dot_row(dtype, row, X + m * K, K) + b;
     }
+}
+
+/* Integer path (quant.h): each X row quantized once to 8-bit codes, then every weight row
+ * dotted with them in integer arithmetic. 0 when it cannot run (no memory): the caller then
+ * takes the float path. */
+static int matmul_rows_int8(const uint8_t *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M,
+                            float *Y, const float *bias) {
+    size_t stride = qw_row_bytes(dtype, K);
+    size_t act = (qw_act_bytes(dtype, K) + 63) & ~(size_t)63; /* each act row on its own lines */
+    qw_dot_act_fn dot = qw_dot_act_kernel(dtype);
+    uint8_t *buf = aligned_alloc(64, act * (size_t)M);
+    if (!buf) return 0;
+    for (int64_t m = 0; m < M; m++) qw_quantize_act(dtype, X + m * K, buf + (size_t)m * act, K);
+#pragma omp parallel for schedule(guided, ROW_CHUNK) /* as in matmul_rows_f32 */
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *row = W + (size_t)n * stride;
+        float b = bias ? bias[n] : 0.0f;
+        for (int64_t m = 0; m < M; m++) Y[m * N + n] = dot(row, buf + (size_t)m * act, K) + b;
+    }
+    free(buf);
+    return 1;
+}
+
+static void matmul_rows(const uint8_t *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M,
+                        float *Y, const float *bias) {
+    if (qw_dot_act_kernel(dtype) && qw_int8_activations() && matmul_rows_int8(W, dtype, N, K, X, M, Y, bias))
+        return;
+    matmul_rows_f32(W, dtype, N, K, X, M, Y, bias);
 }
 
 /* ---------------------------------------------------------------- large M: widened tiles */

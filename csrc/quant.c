@@ -1030,3 +1030,547 @@ void qw_quantize_row_q8_0(const float *src, void *dst, int64_t n) {
         for (int j = 0; j < QK; j++) b[2 + j] = (uint8_t)(int8_t)roundf(src[j] * id);
     }
 }
+
+/* ================================================================ integer path (see quant.h)
+ *
+ * Activations are quantized once per product to int8 (act rows, one layout for every type); each
+ * weight block is then dotted with them in integers. The AVX2 kernels multiply bytes with
+ * vpmaddubsw (unsigned times signed bytes, adjacent pairs summed to int16) and widen with
+ * vpmaddwd:
+ *   - Q8_0's signed codes w go in as |w| with w's sign moved onto x (vpsignb): w x = |w| (sgn(w) x);
+ *   - the other types' codes are unsigned (Q4_0 and Q5_0 keep theirs with an offset of 8 or 16,
+ *     Q6_K with 32), and go in as they are; the offset times the block's activation sum comes off
+ *     in integers, from the act row's sums (bsums), so every block's sum stays exact.
+ * No int16 pair sum can saturate: |x| <= 127 and codes are at most 128 in size (|w| of Q8_0),
+ * 2 * 128 * 127 = 32512. Blocks go 8 at a time: their 8 vectors of partial sums are reduced to one
+ * vector of 8 block sums (a vphaddd tree), where offsets and k-quant scales apply as integers; one
+ * conversion and one FMA with the 8 blocks' d * dx then cover all 8.
+ *
+ * The plain kernels compute the same integers with simple loops, but from the codes alone: they
+ * never read s or bsums, which makes them an independent check of those on the AVX2 path. */
+
+#include <stdlib.h>
+
+/* -1: not decided yet (QWENC_INT8 is read at first use) */
+static int int8_enabled = -1;
+
+int qw_int8_activations(void) {
+    if (int8_enabled < 0) {
+        const char *env = getenv("QWENC_INT8");
+        int8_enabled = !(env && strcmp(env, "0") == 0);
+    }
+    return int8_enabled;
+}
+
+int qw_set_int8_activations(int enabled) {
+    int prev = qw_int8_activations();
+    int8_enabled = enabled != 0;
+    return prev;
+}
+
+static int has_int_dot(int dtype) {
+    switch (dtype) {
+    case QW_Q4_0: case QW_Q4_1: case QW_Q5_0: case QW_Q5_1: case QW_Q8_0:
+    case QW_Q4_K: case QW_Q5_K: case QW_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+size_t qw_act_bytes(int dtype, int64_t n) {
+    if (!has_int_dot(dtype) || n % QK) return 0;
+    return (size_t)n + 8 * (size_t)(n / QK) + 2 * (size_t)(n / 16);
+}
+
+/* The pieces of an act row of n values. */
+#define ACT_D(xq, n) ((const float *)((const int8_t *)(xq) + (n)))
+#define ACT_S(xq, n) (ACT_D(xq, n) + (n) / QK)
+#define ACT_BSUMS(xq, n) ((const int16_t *)(ACT_S(xq, n) + (n) / QK))
+
+/* Below this max|x| a block is quantized to zeros: 1 / d would overflow for some such blocks. */
+#define ACT_TINY 1e-30f
+
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The block scale from the largest |x| bit pattern (|x| bits order as the values do, with NaN
+ * above infinity, so non-finite inputs are seen wherever they are): d, and 1 / d (0 for a zero
+ * block). Returns 0 for a block with non-finite values (d = NaN), whose codes must be zeros. */
+static inline int act_scale(uint32_t amax_bits, float *d, float *id) {
+    if (amax_bits >= 0x7f800000u) {
+        *d = NAN;
+        *id = 0.0f;
+        return 0;
+    }
+    float amax = bits_f32(amax_bits);
+    if (amax < ACT_TINY) {
+        *d = 0.0f;
+        *id = 0.0f;
+        return 1;
+    }
+    *d = amax / 127.0f;
+    *id = 1.0f / *d;
+    return 1;
+}
+
+/* Nearest integer, ties to even, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits. */
+static inline float round_even(float v) {
+    const float magic = 12582912.0f;
+    return (v + magic) - magic;
+}
+
+static int sum_codes(const int8_t *q, int len) {
+    int s = 0;
+    for (int j = 0; j < len; j++) s += q[j];
+    return s;
+}
+
+static void quantize_act_plain(const float *x, void *dst, int64_t n) {
+    int8_t *q = dst;
+    float *d = (float *)(q + n), *s = d + n / QK;
+    int16_t *bs = (int16_t *)(s + n / QK);
+    for (int64_t i = 0; i < n / QK; i++, x += QK, q += QK) {
+        uint32_t amax = 0;
+        for (int j = 0; j < QK; j++) {
+            uint32_t a = f32_bits(x[j]) & 0x7fffffffu;
+            amax = a > amax ? a : amax;
+        }
+        float id;
+        if (act_scale(amax, &d[i], &id))
+            for (int j = 0; j < QK; j++) q[j] = (int8_t)(int)round_even(x[j] * id);
+        else
+            memset(q, 0, QK);
+        bs[2 * i] = (int16_t)sum_codes(q, 16);
+        bs[2 * i + 1] = (int16_t)sum_codes(q + 16, 16);
+        s[i] = d[i] * (float)(bs[2 * i] + bs[2 * i + 1]);
+    }
+}
+
+/* ---------------------------------------------------------------- integer dots: plain */
+
+static inline int32_t idot(const int8_t *a, const int8_t *b, int len) {
+    int32_t s = 0;
+    for (int j = 0; j < len; j++) s += (int32_t)a[j] * b[j];
+    return s;
+}
+
+/* The 32-value types share one loop; UNPACK(b, q) writes the block's 32 codes (offset applied);
+ * the affine types (HAS_MIN) add their min m times the block's activation sum. */
+#define QW_DOTQ32_PLAIN(NAME, BYTES, UNPACK, HAS_MIN)                                         \
+    static float NAME(const void *row, const void *xq, int64_t n) {                           \
+        const uint8_t *b = row;                                                                \
+        const int8_t *x = xq;                                                                  \
+        const float *xd = ACT_D(xq, n);                                                        \
+        int8_t q[QK];                                                                          \
+        float s = 0;                                                                           \
+        for (int64_t i = 0; i < n / QK; i++, b += (BYTES), x += QK) {                          \
+            UNPACK(b, q);                                                                      \
+            s += (rd_f16(b) * xd[i]) * (float)idot(q, x, QK);                                  \
+            if (HAS_MIN) s += rd_f16(b + 2) * (xd[i] * (float)sum_codes(x, QK));               \
+        }                                                                                      \
+        return s;                                                                              \
+    }
+
+#define UNPACK_Q4_0(b, q) unpack_nibbles((b) + 2, 8, q)
+#define UNPACK_Q4_1(b, q) unpack_nibbles((b) + 4, 0, q)
+#define UNPACK_Q5_0(b, q) unpack_nibbles5((b) + 6, (b) + 2, 16, q)
+#define UNPACK_Q5_1(b, q) unpack_nibbles5((b) + 8, (b) + 4, 0, q)
+#define UNPACK_Q8_0(b, q) memcpy(q, (b) + 2, QK)
+
+QW_DOTQ32_PLAIN(dotq_q4_0, 18, UNPACK_Q4_0, 0)
+QW_DOTQ32_PLAIN(dotq_q4_1, 20, UNPACK_Q4_1, 1)
+QW_DOTQ32_PLAIN(dotq_q5_0, 22, UNPACK_Q5_0, 0)
+QW_DOTQ32_PLAIN(dotq_q5_1, 24, UNPACK_Q5_1, 1)
+QW_DOTQ32_PLAIN(dotq_q8_0, 34, UNPACK_Q8_0, 0)
+
+/* A Q4_K/Q5_K super-block (qh NULL for Q4_K) against 8 act blocks: per sub-block j,
+ * d dx_j sc_j (q_j . x_j) - dmin dx_j m_j (sum x_j), the dot and the sum in integers. */
+static float dotq_kquant_4_5(const uint8_t *b, const uint8_t *qs, const uint8_t *qh, const int8_t *x,
+                             const float *xd) {
+    float d = rd_f16(b), dmin = rd_f16(b + 2), s = 0;
+    int8_t q[32];
+    for (int j = 0; j < 8; j++, x += 32) {
+        int sc, m;
+        kquant_scale_min(b + 4, j, &sc, &m);
+        unpack_kquant(qs, qh, j, q);
+        s += (d * xd[j]) * (float)(sc * idot(q, x, 32)) - (dmin * xd[j]) * (float)(m * sum_codes(x, 32));
+    }
+    return s;
+}
+
+static float dotq_q4_k(const void *row, const void *xq, int64_t n) {
+    const uint8_t *b = row;
+    const int8_t *x = xq;
+    const float *xd = ACT_D(xq, n);
+    float s = 0;
+    for (int64_t i = 0; i < n / QKK; i++, b += 144, x += QKK, xd += 8) s += dotq_kquant_4_5(b, b + 16, NULL, x, xd);
+    return s;
+}
+
+static float dotq_q5_k(const void *row, const void *xq, int64_t n) {
+    const uint8_t *b = row;
+    const int8_t *x = xq;
+    const float *xd = ACT_D(xq, n);
+    float s = 0;
+    for (int64_t i = 0; i < n / QKK; i++, b += 176, x += QKK, xd += 8) s += dotq_kquant_4_5(b, b + 48, b + 16, x, xd);
+    return s;
+}
+
+/* Q6_K: per 32 values (two scale groups of 16), d dx_j (sc_a c_a . x_a + sc_b c_b . x_b), with
+ * the signed codes c = q - 32. */
+static float dotq_q6_k(const void *row, const void *xq, int64_t n) {
+    const uint8_t *b = row;
+    const int8_t *x = xq;
+    const float *xd = ACT_D(xq, n);
+    int8_t q[QKK];
+    float s = 0;
+    for (int64_t i = 0; i < n / QKK; i++, b += 210, x += QKK, xd += 8) {
+        const int8_t *sc = (const int8_t *)(b + 192);
+        float d = rd_f16(b + 208);
+        unpack_q6_k(b, q);
+        for (int j = 0; j < 8; j++) {
+            int32_t isum = sc[2 * j] * idot(q + 32 * j, x + 32 * j, 16) +
+                           sc[2 * j + 1] * idot(q + 32 * j + 16, x + 32 * j + 16, 16);
+            s += (d * xd[j]) * (float)isum;
+        }
+    }
+    return s;
+}
+
+/* ---------------------------------------------------------------- integer path: AVX2 */
+#if QW_HAVE_X86
+
+QW_TARGET_AVX2 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+QW_TARGET_AVX2 static inline int hsum_i32(__m256i v) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+    return _mm_cvtsi128_si32(r);
+}
+
+/* The largest |x| bit pattern of 32 values. */
+QW_TARGET_AVX2 static inline uint32_t amax_bits32(const float *x) {
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    __m256i m = _mm256_and_si256(load32(x), abs_mask);
+    m = _mm256_max_epi32(m, _mm256_and_si256(load32(x + 8), abs_mask));
+    m = _mm256_max_epi32(m, _mm256_and_si256(load32(x + 16), abs_mask));
+    m = _mm256_max_epi32(m, _mm256_and_si256(load32(x + 24), abs_mask));
+    __m128i r = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    r = _mm_max_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+    r = _mm_max_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+    return (uint32_t)_mm_cvtsi128_si32(r);
+}
+
+/* 32 codes round(x * id) (vcvtps2dq rounds to nearest even, as round_even) stored at q; the sums
+ * of codes 0-15 and 16-31 in *lo, *hi. */
+QW_TARGET_AVX2 static inline void quant32_avx2(const float *x, __m256 id, int8_t *q, int *lo, int *hi) {
+    __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), id));
+    __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id));
+    __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id));
+    __m256i d = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
+    /* packing works per 128-bit lane: dwords come out as a0-3 b0-3 c0-3 d0-3 a4-7 b4-7 ... */
+    __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    packed = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, packed);
+    *lo = hsum_i32(_mm256_add_epi32(a, b));
+    *hi = hsum_i32(_mm256_add_epi32(c, d));
+}
+
+QW_TARGET_AVX2 static void quantize_act_avx2(const float *x, void *dst, int64_t n) {
+    int8_t *q = dst;
+    float *d = (float *)(q + n), *s = d + n / QK;
+    int16_t *bs = (int16_t *)(s + n / QK);
+    for (int64_t i = 0; i < n / QK; i++, x += QK, q += QK) {
+        float id;
+        int lo = 0, hi = 0;
+        if (act_scale(amax_bits32(x), &d[i], &id))
+            quant32_avx2(x, _mm256_set1_ps(id), q, &lo, &hi);
+        else
+            memset(q, 0, QK);
+        bs[2 * i] = (int16_t)lo;
+        bs[2 * i + 1] = (int16_t)hi;
+        s[i] = d[i] * (float)(lo + hi);
+    }
+}
+
+/* ---- products of one 32-value block with 32 activation codes: 8 int32 partial sums */
+
+/* Signed codes w: |w| times x with w's sign moved onto it. */
+QW_TARGET_AVX2 static inline __m256i dot_ss(__m256i w, const int8_t *x) {
+    __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(load32(x), w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* Unsigned codes u. */
+QW_TARGET_AVX2 static inline __m256i dot_us(__m256i u, const int8_t *x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(x)), _mm256_set1_epi16(1));
+}
+
+/* 8 vectors of 8 partial sums -> one vector of their 8 totals, in order. */
+QW_TARGET_AVX2 static inline __m256i block_sums8(const __m256i p[8]) {
+    __m256i p01 = _mm256_hadd_epi32(p[0], p[1]), p23 = _mm256_hadd_epi32(p[2], p[3]);
+    __m256i p45 = _mm256_hadd_epi32(p[4], p[5]), p67 = _mm256_hadd_epi32(p[6], p[7]);
+    /* lane 0 of p0123: the low halves' sums of p0..p3, lane 1 their high halves' */
+    __m256i p0123 = _mm256_hadd_epi32(p01, p23), p4567 = _mm256_hadd_epi32(p45, p67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(p0123, p4567, 0x20),
+                            _mm256_permute2x128_si256(p0123, p4567, 0x31));
+}
+
+/* 4 vectors -> their 4 totals. */
+QW_TARGET_AVX2 static inline __m128i block_sums4(const __m256i p[4]) {
+    __m256i p0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(p0123), _mm256_extracti128_si256(p0123, 1));
+}
+
+/* The activation code sums of 8 (or 4) consecutive 32-value blocks, times c, from their bsums. */
+QW_TARGET_AVX2 static inline __m256i act_sums8(const int16_t *bs, short c) {
+    return _mm256_madd_epi16(load32(bs), _mm256_set1_epi16(c));
+}
+
+QW_TARGET_AVX2 static inline __m128i act_sums4(const int16_t *bs, short c) {
+    return _mm_madd_epi16(_mm_loadu_si128((const __m128i *)bs), _mm_set1_epi16(c));
+}
+
+/* The f16 fields of 8 (or 4) consecutive blocks `bytes` apart, as floats. */
+QW_TARGET_AVX2 static inline __m256 f16x8(const uint8_t *b, int bytes) {
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)rd_u16(b), (short)rd_u16(b + bytes), (short)rd_u16(b + 2 * bytes),
+                                          (short)rd_u16(b + 3 * bytes), (short)rd_u16(b + 4 * bytes),
+                                          (short)rd_u16(b + 5 * bytes), (short)rd_u16(b + 6 * bytes),
+                                          (short)rd_u16(b + 7 * bytes)));
+}
+
+QW_TARGET_AVX2 static inline __m128 f16x4(const uint8_t *b, int bytes) {
+    return _mm_cvtph_ps(_mm_setr_epi16((short)rd_u16(b), (short)rd_u16(b + bytes), (short)rd_u16(b + 2 * bytes),
+                                       (short)rd_u16(b + 3 * bytes), 0, 0, 0, 0));
+}
+
+/* ---- the 32-value types */
+
+QW_TARGET_AVX2 static inline __m256i codes_q8_0(const uint8_t *b) { return load32(b + 2); }
+
+/* 16 packed bytes -> 32 nibbles in value order (low nibbles, then high nibbles): the bytes
+ * broadcast to both 128-bit lanes by the load, the upper lane shifted right by 4. */
+QW_TARGET_AVX2 static inline __m256i nibbles32_b(const uint8_t *qs) {
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
+}
+
+/* Unsigned codes: the nibble (Q4_0 with its offset 8, Q4_1), or the nibble with the fifth bit
+ * at bit 4 (Q5_0 with its offset 16, Q5_1). */
+QW_TARGET_AVX2 static inline __m256i ucodes_q4_0(const uint8_t *b) { return nibbles32_b(b + 2); }
+QW_TARGET_AVX2 static inline __m256i ucodes_q4_1(const uint8_t *b) { return nibbles32_b(b + 4); }
+QW_TARGET_AVX2 static inline __m256i ucodes_q5_0(const uint8_t *b) {
+    __m256i high = _mm256_and_si256(bits32_mask(rd_u32(b + 2)), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(nibbles32_b(b + 6), high);
+}
+QW_TARGET_AVX2 static inline __m256i ucodes_q5_1(const uint8_t *b) {
+    __m256i high = _mm256_and_si256(bits32_mask(rd_u32(b + 4)), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(nibbles32_b(b + 8), high);
+}
+
+/* The 32-value types. Per group of 8 blocks: the 8 exact block sums of codes times x (PRODUCT,
+ * above), less OFFSET times the blocks' activation sums, widened and multiplied by the 8 d * dx
+ * into the float accumulator. The affine types (HAS_MIN) add m * s (s = dx * sum of the x codes)
+ * into a second one. Then a group of 4 the same way, and single blocks. */
+#define QW_DOTQ32_AVX2(NAME, BYTES, CODES, PRODUCT, OFFSET, HAS_MIN)                           \
+    QW_TARGET_AVX2 static float NAME(const void *row, const void *xq, int64_t n) {             \
+        const uint8_t *b = row;                                                                \
+        const int8_t *x = xq;                                                                  \
+        const float *xd = ACT_D(xq, n), *xs = ACT_S(xq, n);                                    \
+        const int16_t *bs = ACT_BSUMS(xq, n);                                                  \
+        __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();                          \
+        __m128 acc4 = _mm_setzero_ps();                                                        \
+        int64_t nb = n / QK, i = 0;                                                            \
+        for (; i + 8 <= nb; i += 8, b += 8 * (BYTES), x += 8 * QK) {                           \
+            __m256i p[8];                                                                      \
+            for (int k = 0; k < 8; k++) p[k] = PRODUCT(CODES(b + k * (BYTES)), x + k * QK);    \
+            __m256i sums = block_sums8(p);                                                     \
+            if (OFFSET) sums = _mm256_sub_epi32(sums, act_sums8(bs + 2 * i, OFFSET));          \
+            __m256 d = f16x8(b, (BYTES));                                                      \
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_loadu_ps(xd + i)), acc); \
+            if (HAS_MIN) macc = _mm256_fmadd_ps(f16x8(b + 2, (BYTES)), _mm256_loadu_ps(xs + i), macc); \
+        }                                                                                      \
+        if (i + 4 <= nb) {                                                                     \
+            __m256i p[4];                                                                      \
+            for (int k = 0; k < 4; k++) p[k] = PRODUCT(CODES(b + k * (BYTES)), x + k * QK);    \
+            __m128i sums = block_sums4(p);                                                     \
+            if (OFFSET) sums = _mm_sub_epi32(sums, act_sums4(bs + 2 * i, OFFSET));             \
+            __m128 d = _mm_mul_ps(f16x4(b, (BYTES)), _mm_loadu_ps(xd + i));                    \
+            acc4 = _mm_mul_ps(_mm_cvtepi32_ps(sums), d);                                       \
+            if (HAS_MIN) acc4 = _mm_fmadd_ps(f16x4(b + 2, (BYTES)), _mm_loadu_ps(xs + i), acc4); \
+            i += 4, b += 4 * (BYTES), x += 4 * QK;                                             \
+        }                                                                                      \
+        float r = 0;                                                                           \
+        for (; i < nb; i++, b += (BYTES), x += QK) {                                           \
+            int32_t isum = hsum_i32(PRODUCT(CODES(b), x)) - (OFFSET) * (bs[2 * i] + bs[2 * i + 1]); \
+            r += (f16_avx2(b) * xd[i]) * (float)isum;                                          \
+            if (HAS_MIN) r += f16_avx2(b + 2) * xs[i];                                         \
+        }                                                                                      \
+        __m128 a4 = _mm_add_ps(acc4, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1))); \
+        if (HAS_MIN) a4 = _mm_add_ps(a4, _mm_add_ps(_mm256_castps256_ps128(macc), _mm256_extractf128_ps(macc, 1))); \
+        a4 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));                                            \
+        return _mm_cvtss_f32(_mm_add_ss(a4, _mm_movehdup_ps(a4))) + r;                         \
+    }
+
+QW_DOTQ32_AVX2(dotq_q4_0_avx2, 18, ucodes_q4_0, dot_us, 8, 0)
+QW_DOTQ32_AVX2(dotq_q4_1_avx2, 20, ucodes_q4_1, dot_us, 0, 1)
+QW_DOTQ32_AVX2(dotq_q5_0_avx2, 22, ucodes_q5_0, dot_us, 16, 0)
+QW_DOTQ32_AVX2(dotq_q5_1_avx2, 24, ucodes_q5_1, dot_us, 0, 1)
+QW_DOTQ32_AVX2(dotq_q8_0_avx2, 34, codes_q8_0, dot_ss, 0, 0)
+
+/* ---- k-quants: a super-block is 8 act blocks */
+
+/* Q4_K/Q5_K super-block (qh NULL for Q4_K). Per 32-byte chunk c of qs: low nibbles are
+ * sub-block 2c, high nibbles 2c + 1. The 8 sub-blocks' exact sums q . x (block_sums8) times
+ * their scales (vpmulld) make one int32 vector; it is widened and multiplied by d * dx_j. The
+ * mins: dmin * m_j * s_j, s_j = dx_j * (sum of sub-block j's x codes). */
+QW_TARGET_AVX2 static inline void dotq_kquant_4_5_avx2(const uint8_t *b, const uint8_t *qs, const uint8_t *qh,
+                                                      const int8_t *x, const float *xd, const float *xs,
+                                                      __m256 *acc, __m256 *macc) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    uint32_t w0 = rd_u32(b + 4), w1 = rd_u32(b + 8), w2 = rd_u32(b + 12);
+    uint64_t sc = (w0 & 0x3F3F3F3Fu) | (uint64_t)((w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u)) << 32;
+    uint64_t m = (w1 & 0x3F3F3F3Fu) | (uint64_t)(((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u)) << 32;
+    __m256i p[8];
+    __m256i h = qh ? load32(qh) : _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        __m256i v = load32(qs + 32 * c);
+        __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        if (qh) {
+            /* bits 2c and 2c + 1 of each qh byte (now bits 0 and 1 of h) to bit 4; the 16-bit
+             * shifts are safe because only bit 4 of each byte is kept */
+            const __m256i bit4 = _mm256_set1_epi8(0x10);
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
+            h = _mm256_srli_epi16(h, 2);
+        }
+        p[2 * c] = dot_us(lo, x + 64 * c);
+        p[2 * c + 1] = dot_us(hi, x + 64 * c + 32);
+    }
+    __m256i sums = _mm256_mullo_epi32(block_sums8(p), _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+    __m256 dx = _mm256_loadu_ps(xd);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_set1_ps(f16_avx2(b)), dx), *acc);
+    __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m)));
+    *macc = _mm256_fmadd_ps(_mm256_mul_ps(mins, _mm256_set1_ps(f16_avx2(b + 2))), _mm256_loadu_ps(xs), *macc);
+}
+
+QW_TARGET_AVX2 static float dotq_q4_k_avx2(const void *row, const void *xq, int64_t n) {
+    const uint8_t *b = row;
+    const int8_t *x = xq;
+    const float *xd = ACT_D(xq, n), *xs = ACT_S(xq, n);
+    __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QKK; i++, b += 144, x += QKK, xd += 8, xs += 8)
+        dotq_kquant_4_5_avx2(b, b + 16, NULL, x, xd, xs, &acc, &macc);
+    return hsum256(_mm256_sub_ps(acc, macc));
+}
+
+QW_TARGET_AVX2 static float dotq_q5_k_avx2(const void *row, const void *xq, int64_t n) {
+    const uint8_t *b = row;
+    const int8_t *x = xq;
+    const float *xd = ACT_D(xq, n), *xs = ACT_S(xq, n);
+    __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QKK; i++, b += 176, x += QKK, xd += 8, xs += 8)
+        dotq_kquant_4_5_avx2(b, b + 48, b + 16, x, xd, xs, &acc, &macc);
+    return hsum256(_mm256_sub_ps(acc, macc));
+}
+
+/* Q6_K unsigned codes (0..63) of values 32k .. 32k + 32 of one half. */
+QW_TARGET_AVX2 static inline __m256i q6k_ucodes(const uint8_t *ql, __m256i h, int k) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+    __m256i l = load32(ql + 32 * (k & 1));
+    if (k >= 2) l = _mm256_srli_epi16(l, 4);
+    switch (k) {
+    case 0: h = _mm256_slli_epi16(h, 4); break;
+    case 1: h = _mm256_slli_epi16(h, 2); break;
+    case 2: break;
+    default: h = _mm256_srli_epi16(h, 2); break;
+    }
+    return _mm256_or_si256(_mm256_and_si256(l, low4), _mm256_and_si256(h, bits45));
+}
+
+/* Q6_K: unsigned codes q = c + 32 times x, each 16-value group's pair sums multiplied by its
+ * scale in vpmaddwd (a 32-value chunk spans two groups, one per 128-bit lane); the 8 chunks'
+ * exact sums less 32 * (sc_a bsum_a + sc_b bsum_b), then widened and multiplied by d * dx_j. */
+QW_TARGET_AVX2 static float dotq_q6_k_avx2(const void *row, const void *xq, int64_t n) {
+    const uint8_t *b = row;
+    const int8_t *x = xq;
+    const float *xd = ACT_D(xq, n);
+    const int16_t *bs = ACT_BSUMS(xq, n);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QKK; i++, b += 210, x += QKK, xd += 8, bs += 16) {
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+        __m256i p[8];
+        for (int hf = 0; hf < 2; hf++) {
+            /* the half's 8 scales in both 128-bit lanes */
+            __m256i sch = _mm256_permute2x128_si256(sc16, sc16, hf ? 0x11 : 0x00);
+            __m256i h = load32(b + 128 + 32 * hf);
+            for (int k = 0; k < 4; k++) {
+                __m256i q = q6k_ucodes(b + 64 * hf, h, k);
+                __m256i pq = _mm256_maddubs_epi16(q, load32(x + 128 * hf + 32 * k));
+                /* values 0-15 of the chunk take scale 2k of the half, values 16-31 scale 2k + 1 */
+                __m256i sel = _mm256_set_m128i(_mm_set1_epi16((short)(0x0101 * (4 * k + 2) + 0x0100)),
+                                               _mm_set1_epi16((short)(0x0101 * 4 * k + 0x0100)));
+                p[4 * hf + k] = _mm256_madd_epi16(pq, _mm256_shuffle_epi8(sch, sel));
+            }
+        }
+        __m256i offs = _mm256_slli_epi32(_mm256_madd_epi16(load32(bs), sc16), 5);
+        __m256i sums = _mm256_sub_epi32(block_sums8(p), offs);
+        __m256 d = _mm256_mul_ps(_mm256_set1_ps(f16_avx2(b + 208)), _mm256_loadu_ps(xd));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc);
+    }
+    return hsum256(acc);
+}
+
+#endif /* QW_HAVE_X86 */
+
+/* ---------------------------------------------------------------- integer path: dispatch */
+
+void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n) {
+    if (!qw_act_bytes(dtype, n)) return;
+#if QW_HAVE_X86
+    if (qw_use_avx2()) {
+        quantize_act_avx2(x, dst, n);
+        return;
+    }
+#endif
+    quantize_act_plain(x, dst, n);
+}
+
+#if QW_HAVE_X86
+#define DOTQ_PAIR(T) {dotq_##T, dotq_##T##_avx2}
+#else
+#define DOTQ_PAIR(T) {dotq_##T, dotq_##T}
+#endif
+
+qw_dot_act_fn qw_dot_act_kernel(int dtype) {
+    static const qw_dot_act_fn q4_0[2] = DOTQ_PAIR(q4_0), q4_1[2] = DOTQ_PAIR(q4_1), q5_0[2] = DOTQ_PAIR(q5_0),
+                               q5_1[2] = DOTQ_PAIR(q5_1), q8_0[2] = DOTQ_PAIR(q8_0), q4_k[2] = DOTQ_PAIR(q4_k),
+                               q5_k[2] = DOTQ_PAIR(q5_k), q6_k[2] = DOTQ_PAIR(q6_k);
+    const qw_dot_act_fn *k;
+    switch (dtype) {
+    case QW_Q4_0: k = q4_0; break;
+    case QW_Q4_1: k = q4_1; break;
+    case QW_Q5_0: k = q5_0; break;
+    case QW_Q5_1: k = q5_1; break;
+    case QW_Q8_0: k = q8_0; break;
+    case QW_Q4_K: k = q4_k; break;
+    case QW_Q5_K: k = q5_k; break;
+    case QW_Q6_K: k = q6_k; break;
+    default: return NULL;
+    }
+    return k[qw_use_avx2() ? 1 : 0];
+}
+
+float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n) {
+    qw_dot_act_fn k = qw_dot_act_kernel(dtype);
+    return k ? k(row, xq, n) : 0.0f;
+}

@@ -47,6 +47,49 @@ float qw_dot_row(int dtype, const void *row, const float *x, int64_t n);
  * and 32 int8 q = round(x / d). */
 void qw_quantize_row_q8_0(const float *src, void *dst, int64_t n);
 
+/* ---------------------------------------------------------------- integer path (decode)
+ *
+ * A matrix-vector product over a block-quantized weight may quantize its activation vector x
+ * once to 8-bit codes and dot each weight row with it in integer arithmetic (the weight codes
+ * times the activation codes, summed exactly per 32 values, then scaled once per 32 values).
+ * The quantized activation row ("act row") of n values (a multiple of 32) has one layout for
+ * every weight type, arrays rather than interleaved blocks, in qw_act_bytes(dtype, n) bytes:
+ *
+ *   [q: n int8][d: n/32 float32][s: n/32 float32][bsums: n/16 int16]
+ *
+ * per block of 32 values: d = max|x| / 127, codes q = x * (1 / d) rounded to nearest, ties to
+ * even (so |q| <= 127 and x ~ d * q), s = d * (sum of the block's q); bsums[g] is the sum of
+ * q[16g .. 16g + 16). A block whose max|x| is below 1e-30 gets d = 0 and q = 0; a block holding
+ * an infinity or NaN gets d = NaN and q = 0, so every dot product with it is NaN. The plain and
+ * AVX2 quantizers write the same bytes. (The k-quants get per-32 scales too, not one per
+ * 256-value super-block: Qwen's activations have outliers, and one scale per 256 values costs
+ * those products several times the error.)
+ *
+ * The dot kernels compute every block's integer sum of code products exactly (s and bsums let
+ * the AVX2 kernels take codes stored with an offset as unsigned bytes and take the offset off in
+ * integers); the float work left is the scale products, the mins of Q4_1, Q5_1, Q4_K and Q5_K,
+ * and the sum over blocks, so the plain and AVX2 paths agree to float32 rounding.
+ */
+
+/* Bytes of an act row of n values for weights of `dtype`; 0 when `dtype` has no integer dot. */
+size_t qw_act_bytes(int dtype, int64_t n);
+/* Quantize x[0..n) into an act row (n a multiple of 32 and of dtype's block; nothing is written
+ * when qw_act_bytes(dtype, n) is 0). */
+void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n);
+/* sum_i row[i] * xhat[i] over the n values of a stored row, xhat the values of the act row xq. */
+float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n);
+/* The kernel qw_dot_row_act runs for `dtype` on the current SIMD setting (NULL when there is
+ * none), for loops over many rows to call without dispatching each time. */
+typedef float (*qw_dot_act_fn)(const void *row, const void *xq, int64_t n);
+qw_dot_act_fn qw_dot_act_kernel(int dtype);
+
+/* Whether qw_matmul's decode path (few activation rows) takes the integer path for
+ * block-quantized weights: on unless QWENC_INT8=0 was in the environment at first use.
+ * qw_set_int8_activations returns the previous setting. Each extension module linking quant.c
+ * holds its own copy of this switch. */
+int qw_int8_activations(void);
+int qw_set_int8_activations(int enabled);
+
 /* Scalar conversions, exact (round-to-nearest-even on the way down). */
 float qw_f16_to_f32(uint16_t h);
 uint16_t qw_f32_to_f16(float f);

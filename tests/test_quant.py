@@ -330,3 +330,415 @@ def test_falsifier_dot_tolerance_catches_one_code_off(name):
     w_off[:, i] += step
     with pytest.raises(AssertionError):
         assert_dot_close(got, w_off, x)
+
+
+# ---------------------------------------------------------------- integer path: 8-bit activations
+#
+# Decode's products over block-quantized weights quantize the activation row x once to 8-bit
+# codes (an "act row": per 32 values a float32 scale, the codes and their sums; layout in
+# csrc/quant.h) and dot each weight row with them in integers. Two oracles:
+#   - exact: the float64 dot of the reference-dequantized weights with the dequantized act row
+#     xhat. The kernels sum each block's integer products exactly and only round the few float
+#     scale products and sums, so they stay within DOT_RTOL of sum |w xhat|;
+#   - float: the dot with the float32 x itself, off by at most sum |w| |x - xhat| (plus rounding),
+#     which the act row's own rounding (half a step d / 2 per value) bounds.
+
+ACT32 = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+
+
+def act_parts(xq, n):
+    """(codes int8 [n], d float32 [n / 32], s float32 [n / 32], bsums int16 [n / 16]) of an act row."""
+    xq = np.asarray(xq).reshape(-1)
+    nb = n // 32
+    assert xq.size == n + 8 * nb + 2 * (n // 16)
+    return (xq[:n].view(np.int8), xq[n:n + 4 * nb].view(np.float32), xq[n + 4 * nb:n + 8 * nb].view(np.float32),
+            xq[n + 8 * nb:].view(np.int16))
+
+
+def act_values(xq, n):
+    """float64 [n]: the values xhat = d * q the act row stands for."""
+    q, d, _, _ = act_parts(xq, n)
+    return (q.astype(np.float64).reshape(-1, 32) * d.astype(np.float64)[:, None]).reshape(-1)
+
+
+def act_inputs(cols, rng):
+    """Activation rows with uneven scales: ordinary values, a few large outliers (as Qwen's
+    residual stream has), blocks of exact zeros and sub-1e-30 values."""
+    x = rng.standard_normal((4, cols)).astype(np.float32)
+    x[1] *= np.exp(rng.uniform(-6, 6, cols)).astype(np.float32)
+    x[2, rng.choice(cols, 3, replace=False)] = [300.0, -1000.0, 45.0]
+    x[3, :64] = 0.0
+    x[3, 64:96] = 1e-31
+    return x
+
+
+def expected_act(x):
+    """The act row fields the quantizer must produce, from numpy float32 arithmetic: d = amax / 127,
+    q = rint(x * (1 / d)) (ties to even), s = d * sum(q), bsums per 16; tiny blocks give zeros."""
+    xb = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(xb).max(axis=1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    tiny = amax < np.float32(1e-30)
+    d[tiny] = 0
+    with np.errstate(divide="ignore"):
+        inv = np.where(tiny, np.float32(0), np.float32(1) / np.where(tiny, np.float32(1), d)).astype(np.float32)
+    q = np.rint((xb * inv[:, None]).astype(np.float32)).astype(np.int64)
+    s = (d * q.sum(axis=1).astype(np.float32)).astype(np.float32)
+    return q.reshape(-1), d, s, q.reshape(-1, 16).sum(axis=1)
+
+
+def test_quantize_activations_fields(simd):
+    cols = 768
+    x = act_inputs(cols, np.random.default_rng(21))
+    xq = _quant.quantize_activations(x, CODE["Q8_0"])
+    assert xq.shape == (4, _quant.act_bytes(CODE["Q8_0"], cols)) and xq.dtype == np.uint8
+    # one layout for every type
+    for name in BLOCK_TYPES:
+        np.testing.assert_array_equal(_quant.quantize_activations(x, CODE[name]), xq)
+    for r in range(4):
+        q, d, s, bsums = act_parts(xq[r], cols)
+        want_q, want_d, want_s, want_bsums = expected_act(x[r])
+        np.testing.assert_array_equal(q, want_q)
+        assert_same_bits(d, want_d)
+        assert_same_bits(s, want_s)
+        np.testing.assert_array_equal(bsums, want_bsums)
+        assert np.abs(q.astype(np.int64)).max() <= 127
+        # each value within half a step of its block (a hair more: x * (1/d) is rounded first);
+        # blocks below 1e-30 become zeros
+        step = np.repeat(d.astype(np.float64), 32)
+        assert (np.abs(act_values(xq[r], cols) - x[r]) <= np.maximum(step * (0.5 + 1e-6), 1e-30)).all()
+
+
+def test_quantize_activations_ties_to_even():
+    # amax 127 makes d = 1 and 1 / d = 1 exactly: x.5 values round to the even neighbour
+    x = np.concatenate([[127.0], np.arange(-15.5, 15.0, 1.0)]).astype(np.float32)[None, :32]
+    q, d, _, _ = act_parts(_quant.quantize_activations(x, CODE["Q8_0"])[0], 32)
+    assert d[0] == 1.0
+    np.testing.assert_array_equal(q[1:], np.rint(x[0, 1:]).astype(np.int8))
+    assert q[1] == -16 and q[2] == -14  # -15.5 -> -16, -14.5 -> -14
+
+
+def test_quantize_activations_simd_and_plain_bytes_equal():
+    if not _quant.has_avx2():
+        pytest.skip("CPU without AVX2/FMA/F16C")
+    x = act_inputs(1024, np.random.default_rng(22))
+    x[0, 300] = np.inf
+    x[0, 700] = np.nan
+    x[1, 5] = -np.inf
+    prev = _quant.set_simd(True)
+    try:
+        fast = _quant.quantize_activations(x, CODE["Q8_0"])
+        _quant.set_simd(False)
+        plain = _quant.quantize_activations(x, CODE["Q8_0"])
+    finally:
+        _quant.set_simd(prev)
+    np.testing.assert_array_equal(fast, plain)
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+def test_int_dot_non_finite_activations_give_nan(name, simd):
+    rows, cols = 3, 512
+    data = synthetic(name, rows, cols, seed=8)
+    x = np.random.default_rng(8).standard_normal(cols).astype(np.float32)
+    x[5] = np.inf
+    xq = _quant.quantize_activations(x[None], CODE[name])[0]
+    q, d, _, _ = act_parts(xq, cols)
+    assert np.isnan(d[0]) and not q[:32].any()
+    assert np.isnan(_quant.dot_rows_act(data, CODE[name], rows, cols, xq)).all()
+
+
+def int_dot_case(name, rows, cols, seed):
+    """(weights bytes, reference float32 rows, x, act row) for one type."""
+    data = synthetic(name, rows, cols, seed=seed)
+    w = ref_dequantize(data, GT[name]).reshape(rows, cols)
+    x = act_inputs(cols, np.random.default_rng(seed))[seed % 3]
+    return data, w, x, _quant.quantize_activations(x[None], CODE[name])[0]
+
+
+# Types whose blocks add a float min to the scaled codes (the other types' offsets are integers).
+MIN_TYPES = {"Q4_1", "Q5_1", "Q4_K", "Q5_K"}
+# Byte ranges of the codes in a block of each min type (quant.h's layouts).
+CODE_BYTES = {"Q4_1": (4, 20), "Q5_1": (4, 24), "Q4_K": (16, 144), "Q5_K": (16, 176)}
+
+
+def weight_mins(data, name, rows, cols):
+    """float32 [rows, cols]: the min term of each value's (sub-)block (what code 0 dequantizes
+    to: m for Q4_1/Q5_1, -dmin * m for Q4_K/Q5_K), or None for types without one."""
+    if name not in MIN_TYPES:
+        return None
+    nbytes = BLOCK[CODE[name]][1]
+    blocks = np.ascontiguousarray(data).reshape(rows, -1, nbytes).copy()
+    lo, hi = CODE_BYTES[name]
+    blocks[..., lo:hi] = 0
+    return ref_dequantize(blocks.reshape(rows, -1), GT[name]).reshape(rows, cols)
+
+
+def assert_int_dot_close(got, w, xhat, mins=None):
+    """got[r] = rows w[r] . xhat (xhat float64) to within DOT_RTOL of sum |w xhat|. The integer
+    sums are exact, so only float scale products and the sum over blocks round. Where the type has
+    mins, the codes' part and the mins' part are two float terms that may cancel: the bound then
+    uses sum (|w| + |min|) |xhat|."""
+    w64 = w.astype(np.float64)
+    mag = np.abs(w64) if mins is None else np.abs(w64) + np.abs(mins.astype(np.float64))
+    exact = w64 @ xhat
+    bound = DOT_RTOL * (mag @ np.abs(xhat)) + 1e-30
+    err = np.abs(got.astype(np.float64) - exact)
+    if (err > bound).any():
+        r = int(np.argmax(err / bound))
+        raise AssertionError(f"{(err > bound).sum()} of {len(got)} integer dots off: row {r} got {got[r]!r}, "
+                             f"exact {exact[r]!r}, error {err[r]:.3g} > bound {bound[r]:.3g}")
+
+
+def assert_within_act_error(got, w, x, xhat):
+    """got[r] = w[r] . x up to what quantizing x can move it: sum |w| |x - xhat| (+ rounding)."""
+    w64, x64 = w.astype(np.float64), x.astype(np.float64)
+    bound = np.abs(w64) @ np.abs(x64 - xhat) + DOT_RTOL * (np.abs(w64) @ np.abs(x64)) + 1e-30
+    err = np.abs(got.astype(np.float64) - w64 @ x64)
+    assert (err <= bound).all(), f"max error / bound {np.max(err / bound):.3g}"
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+@pytest.mark.parametrize("cols", [256, 768, 4864])
+def test_int_dot_matches_reference(name, cols, simd):
+    rows = 9
+    data, w, x, xq = int_dot_case(name, rows, cols, seed=cols % 7)
+    xhat = act_values(xq, cols)
+    got = _quant.dot_rows_act(data, CODE[name], rows, cols, xq)
+    assert_int_dot_close(got, w, xhat, weight_mins(data, name, rows, cols))
+    assert_within_act_error(got, w, x, xhat)
+    # and the float fused kernel is within the same bound of the integer one's target
+    fused = _quant.dot_rows(data, CODE[name], rows, cols, x)
+    assert_within_act_error(fused, w, x, xhat)
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+def test_int_dot_random_blocks(name, simd):
+    """Random bytes everywhere but the scales: every code pattern, Q8_0's -128 included."""
+    rows, cols = 16, 1280 if name in ACT32 else 1536
+    data = random_blocks(name, rows, cols, np.random.default_rng(17))
+    w = ref_dequantize(data, GT[name]).reshape(rows, cols)
+    x = np.random.default_rng(17).standard_normal(cols).astype(np.float32)
+    # the largest |x| in some blocks: codes of +-127, the extremes of the products
+    x[::37] *= 50
+    xq = _quant.quantize_activations(x[None], CODE[name])[0]
+    assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], rows, cols, xq), w, act_values(xq, cols),
+                         weight_mins(data, name, rows, cols))
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1"])
+@pytest.mark.parametrize("cols", [32, 96, 160, 288])
+def test_int_dot_odd_block_counts(name, cols, simd):
+    """Rows of 1, 3, 5 and 9 blocks: the AVX2 kernels take 8 blocks a step, then one at a time."""
+    data, w, x, xq = int_dot_case(name, 5, cols, seed=cols)
+    assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], 5, cols, xq), w, act_values(xq, cols),
+                         weight_mins(data, name, 5, cols))
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+def test_int_dot_simd_and_plain_agree(name):
+    if not _quant.has_avx2():
+        pytest.skip("CPU without AVX2/FMA/F16C")
+    rows, cols = 12, 1024
+    data, w, x, xq = int_dot_case(name, rows, cols, seed=5)
+    prev = _quant.set_simd(True)
+    try:
+        fast = _quant.dot_rows_act(data, CODE[name], rows, cols, xq)
+        _quant.set_simd(False)
+        plain = _quant.dot_rows_act(data, CODE[name], rows, cols, xq)
+    finally:
+        _quant.set_simd(prev)
+    xhat = act_values(xq, cols)
+    mins = weight_mins(data, name, rows, cols)
+    assert_int_dot_close(fast, w, xhat, mins)
+    assert_int_dot_close(plain, w, xhat, mins)
+    mag = np.abs(w.astype(np.float64)) + (0 if mins is None else np.abs(mins.astype(np.float64)))
+    assert (np.abs(fast.astype(np.float64) - plain) <= 2 * DOT_RTOL * (mag @ np.abs(xhat))).all()
+
+
+@pytest.mark.parametrize("tensor,n_rows", DEMO_TENSORS, ids=[t for t, _ in DEMO_TENSORS])
+def test_demo_tensors_int_dot(demo, tensor, n_rows, simd):
+    data, rows, cols, name = sample_rows(demo, tensor, n_rows)
+    w = ref_dequantize(data, GT[name]).reshape(rows, cols)
+    x = act_inputs(cols, np.random.default_rng(3))[2]
+    xq = _quant.quantize_activations(x[None], CODE[name])[0]
+    xhat = act_values(xq, cols)
+    got = _quant.dot_rows_act(data, CODE[name], rows, cols, xq)
+    assert_int_dot_close(got, w, xhat, weight_mins(data, name, rows, cols))
+    assert_within_act_error(got, w, x, xhat)
+
+
+def test_int_dot_argument_checks():
+    data = synthetic("Q8_0", 2, 64, seed=0)
+    xq = _quant.quantize_activations(np.ones((1, 64), np.float32), CODE["Q8_0"])[0]
+    assert _quant.act_bytes(CODE["F32"], 64) == 0 and _quant.act_bytes(CODE["BF16"], 64) == 0
+    assert _quant.act_bytes(CODE["Q8_0"], 64) == 64 + 8 * 2 + 2 * 4
+    assert _quant.act_bytes(CODE["Q4_K"], 512) == 512 + 8 * 16 + 2 * 32
+    with pytest.raises(ValueError, match="no integer dot"):
+        _quant.quantize_activations(np.ones((1, 64), np.float32), CODE["F32"])
+    with pytest.raises(ValueError, match="xq must be"):
+        _quant.dot_rows_act(data, CODE["Q8_0"], 2, 64, xq[:-1])
+    with pytest.raises(ValueError, match="multiple"):
+        _quant.quantize_activations(np.ones((1, 48), np.float32), CODE["Q8_0"])
+
+
+def test_int8_switch():
+    prev = _quant.set_int8_activations(False)
+    try:
+        assert _quant.int8_activations() is False
+        assert _quant.set_int8_activations(True) is False
+        assert _quant.int8_activations() is True
+    finally:
+        _quant.set_int8_activations(prev)
+
+
+# ---- falsifiers: the integer checks reject near misses
+
+def test_falsifier_act_step_is_caught():
+    """Moving one activation value by one step of its block breaks the exact-dot check."""
+    data, w, x, xq = int_dot_case("Q5_0", 4, 896, seed=2)
+    got = _quant.dot_rows_act(data, CODE["Q5_0"], 4, 896, xq)
+    xhat = act_values(xq, 896)
+    assert_int_dot_close(got, w, xhat)
+    q, d, _, _ = act_parts(xq, 896)
+    i = int(np.argmax(np.abs(w).sum(axis=0)))
+    moved = xhat.copy()
+    moved[i] += d[i // 32]
+    with pytest.raises(AssertionError):
+        assert_int_dot_close(got, w, moved)
+
+
+def reference_without_mins(data, name, rows, cols):
+    """Q4_K rows with the min term left out: d * sc * q only (a kernel ignoring dmin * m)."""
+    blocks = data.reshape(rows, -1, 144).copy()
+    blocks[..., 2:4] = 0  # dmin = +0
+    return ref_dequantize(blocks.reshape(rows, -1), GT[name]).reshape(rows, cols)
+
+
+def reference_unsigned_q5_0(data, rows, cols):
+    """Q5_0 with the codes' offset of 16 forgotten (a wrong sign trick / offset)."""
+    w = ref_dequantize(data, GT.Q5_0).reshape(rows, -1, 32)
+    d = data.reshape(rows, -1, 22)[..., :2].copy().view(np.float16).astype(np.float32)
+    return (w + 16 * d).reshape(rows, cols)
+
+
+@pytest.mark.parametrize("case", ["q4_k_no_mins", "q5_0_no_offset", "q6_k_swapped_scales"])
+def test_falsifier_wrong_formula_is_caught(case):
+    name = {"q4_k_no_mins": "Q4_K", "q5_0_no_offset": "Q5_0", "q6_k_swapped_scales": "Q6_K"}[case]
+    rows, cols = 6, 1024
+    data, w, x, xq = int_dot_case(name, rows, cols, seed=9)
+    got = _quant.dot_rows_act(data, CODE[name], rows, cols, xq)
+    xhat = act_values(xq, cols)
+    mins = weight_mins(data, name, rows, cols)
+    assert_int_dot_close(got, w, xhat, mins)
+    if case == "q4_k_no_mins":
+        wrong = reference_without_mins(data, name, rows, cols)
+    elif case == "q5_0_no_offset":
+        wrong = reference_unsigned_q5_0(data, rows, cols)
+    else:
+        blocks = data.reshape(rows, -1, 210).copy()
+        sc = blocks[..., 192:208].reshape(rows, -1, 8, 2)
+        blocks[..., 192:208] = sc[..., ::-1].reshape(rows, -1, 16)
+        wrong = ref_dequantize(blocks.reshape(rows, -1), GT.Q6_K).reshape(rows, cols)
+    with pytest.raises(AssertionError):
+        assert_int_dot_close(got, wrong, xhat, mins)
+
+
+@pytest.mark.parametrize("name,field", [("Q5_0", "bsums"), ("Q4_0", "bsums"), ("Q6_K", "bsums"), ("Q4_1", "s"),
+                                        ("Q5_1", "s"), ("Q4_K", "s"), ("Q5_K", "s")])
+def test_falsifier_corrupt_activation_sums(name, field):
+    """The AVX2 kernels take the offsets and mins through the act row's sums, the plain ones from
+    the codes: zeroing the sums breaks the first (so the check sees them) and not the second."""
+    if not _quant.has_avx2():
+        pytest.skip("CPU without AVX2/FMA/F16C")
+    rows, cols = 6, 1024
+    data, w, x, xq = int_dot_case(name, rows, cols, seed=10)
+    xhat = act_values(xq, cols)
+    mins = weight_mins(data, name, rows, cols)
+    start, end = {"s": (cols + cols // 8, cols + cols // 4), "bsums": (cols + cols // 4, None)}[field]
+    bad = xq.copy()
+    bad[start:end] = 0
+    prev = _quant.set_simd(True)
+    try:
+        assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], rows, cols, xq), w, xhat, mins)
+        with pytest.raises(AssertionError):
+            assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], rows, cols, bad), w, xhat, mins)
+        _quant.set_simd(False)
+        assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], rows, cols, bad), w, xhat, mins)
+    finally:
+        _quant.set_simd(prev)
+
+
+# ---- qw_matmul's decode path (qwenc._ops, as the model calls it)
+
+def ops_int8_expected():
+    """Whether qwenc._ops takes the integer path: its switch follows QWENC_INT8 at first use."""
+    import os
+    return os.environ.get("QWENC_INT8") != "0"
+
+
+@pytest.fixture(params=SIMD_MODES)
+def ops_simd(request):
+    from qwenc import _ops
+    if request.param and not _ops.has_avx2():
+        pytest.skip("CPU without AVX2/FMA/F16C")
+    prev = _ops.set_simd(request.param)
+    yield request.param
+    _ops.set_simd(prev)
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+@pytest.mark.parametrize("M", [1, 2, 3, 4])
+def test_matmul_decode_path_uses_int8(name, M, ops_simd):
+    from qwenc import _ops
+    N, K = 37, 512
+    data = synthetic(name, N, K, seed=M)
+    w = ref_dequantize(data, GT[name]).reshape(N, K)
+    rng = np.random.default_rng(M)
+    x = act_inputs(K, rng)[np.arange(M) % 3]
+    bias = rng.standard_normal(N).astype(np.float32)
+    y = np.empty((M, N), np.float32)
+    _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y, bias)
+    xq = _quant.quantize_activations(x, CODE[name])
+    for m in range(M):
+        xhat = act_values(xq[m], K)
+        if ops_int8_expected():
+            assert_int_dot_close(y[m] - bias, w, xhat, weight_mins(data, name, N, K))
+        assert_within_act_error(y[m] - bias, w, x[m], xhat)
+
+
+@pytest.mark.parametrize("name", ["Q5_0", "Q4_K"])
+def test_matmul_prefill_path_stays_float(name):
+    """M > 4 takes the widened-tile path: float activations, as before."""
+    from qwenc import _ops
+    N, K, M = 37, 512, 5
+    data = synthetic(name, N, K, seed=1)
+    w = ref_dequantize(data, GT[name]).reshape(N, K)
+    x = act_inputs(K, np.random.default_rng(1))[np.arange(M) % 3]
+    y = np.empty((M, N), np.float32)
+    _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y)
+    for m in range(M):
+        assert_dot_close(y[m], w, x[m])
+
+
+def test_matmul_int8_env_switch():
+    """QWENC_INT8=0 keeps qwenc._ops on the float fused dots; unset, it takes the integer path."""
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np; from qwenc import _ops, _quant\n"
+            "rng = np.random.default_rng(0)\n"
+            "w = _quant.quantize_q8_0(rng.standard_normal((8, 256)).astype(np.float32))\n"
+            "x = rng.standard_normal((1, 256)).astype(np.float32); y = np.empty((1, 8), np.float32)\n"
+            "_ops.matmul(w.reshape(-1), 8, 8, 256, x, y)\n"
+            "xq = _quant.quantize_activations(x, 8)[0]\n"
+            "print(int(np.array_equal(y[0], _quant.dot_rows(w, 8, 8, 256, x[0]))),"
+            " int(np.array_equal(y[0], _quant.dot_rows_act(w, 8, 8, 256, xq))))\n")
+    root = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
+    out = {}
+    for val in ("0", "1"):
+        env = dict(os.environ, QWENC_INT8=val, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        out[val] = res.stdout.split()
+    assert out["0"] == ["1", "0"]  # float fused dots, bit for bit
+    assert out["1"] == ["0", "1"]  # integer dots, bit for bit
