@@ -44,8 +44,8 @@ median is shown as a share of that, and as the bandwidth it implies.
 
 Prompt: the source text of Python's argparse module, tokenized by the model's tokenizer (qwenc's)
 and cut to P tokens; --random-prompt uses seeded random ids instead. The greedy continuations of
-the two engines are compared as a sanity check (they diverge after a near-tie in the logits,
-since llama.cpp rounds activations to 8 bits in its quantized products).
+the two engines are compared as a sanity check (they may diverge after a near-tie in the logits:
+their rounding differs, e.g. in how activations are quantized to 8 bits for the products).
 
 --profile (qwenc only; --repeats 0 skips the comparison) splits qwenc's decode step: the step
 re-implemented with each kernel call timed (summed per kernel family over the layers); the step
