@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's qwenc first
 
 
 def bench_transformers(path, dtype, prompt_tokens, gen_tokens, repeats, threads):

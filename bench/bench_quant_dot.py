@@ -1,13 +1,14 @@
 """Throughput of decode's matrix-vector product per weight type: float fused dots vs the integer
-path (8-bit activations, integer dots), on 1 and 2 threads.
+paths (16-bit and 8-bit activations, integer dots), on 1 and 2 threads.
 
 A decode step is a matrix-vector product per weight matrix. This times `_quant.matvec` over a
 4864 x 896 matrix (a 0.5B model's MLP projection; 896 x 4864 for the k-quants, whose rows must
 be a multiple of 256), which runs as qw_matmul does for one activation row: each row dotted with
-x by the fused float kernel (qw_dot_row), or x quantized once (qw_quantize_act, included in the
-time) and each row dotted by the integer kernel (qw_dot_row_act); rows are shared among OpenMP
-threads in chunks of 32. Rates are G multiply-adds per second, median over interleaved repeats
-(float, int8, float, int8, ...) so machine noise hits both alike. The default matrix fits in L3,
+x by the fused float kernel (qw_dot_row), or x quantized once (qw_quantize_act16 or
+qw_quantize_act, included in the time) and each row dotted by the integer kernel; rows are
+shared among OpenMP threads in chunks of 32. Rates are G multiply-adds per second, median over
+interleaved repeats (float, int16, int8, float, ...) so machine noise hits all alike; "x" columns
+are the integer paths' rates over the float one's. The default matrix fits in L3,
 so this measures the kernels; --rows 151936 (the output head) measures them against memory.
 
     python bench/bench_quant_dot.py [--repeats N] [--types Q5_0,Q8_0,...] [--threads 1,2]
@@ -51,14 +52,15 @@ def random_weights(dtype, rows, cols, rng):
 
 
 def rates(data, dtype, rows, cols, x, variants, repeats):
-    """{variant: G MAC/s} for variants (int8, threads), timed interleaved; median of repeats."""
+    """{variant: G MAC/s} for variants (activation bits or 0 for float, threads), timed
+    interleaved; median of repeats."""
     times = {v: [] for v in variants}
     for v in variants:  # warm caches and thread pools
-        _quant.matvec(data, dtype, rows, cols, x, int8=v[0], threads=v[1])
+        _quant.matvec(data, dtype, rows, cols, x, bits=v[0], threads=v[1])
     for _ in range(repeats):
         for v in variants:
             t0 = time.perf_counter()
-            _quant.matvec(data, dtype, rows, cols, x, int8=v[0], threads=v[1])
+            _quant.matvec(data, dtype, rows, cols, x, bits=v[0], threads=v[1])
             times[v].append(time.perf_counter() - t0)
     return {v: rows * cols / statistics.median(t) / 1e9 for v, t in times.items()}
 
@@ -78,9 +80,9 @@ def main():
           f"median of {args.repeats}; AVX2 available: {_quant.has_avx2()}")
     head = f"{'type':6} {'shape':>11}"
     for t in threads:
-        head += f" {'float ' + str(t) + 'T':>9} {'int8 ' + str(t) + 'T':>8} {'x':>5}"
+        head += f" {'float ' + str(t) + 'T':>9} {'int16 ' + str(t) + 'T':>9} {'x':>5} {'int8 ' + str(t) + 'T':>8} {'x':>5}"
     if args.plain:
-        head += f" {'plain f':>8} {'plain i8':>8}"
+        head += f" {'plain f':>8} {'plain i16':>9} {'plain i8':>8}"
     print(head)
     prev = _quant.set_simd(True)
     try:
@@ -90,19 +92,24 @@ def main():
             rows, cols = (args.rows, COLS) if COLS % elems == 0 else (COLS, args.rows - args.rows % 256)
             data = random_weights(dtype, rows, cols, rng)
             x = rng.standard_normal(cols, dtype=np.float32)
-            has_int8 = _quant.act_bytes(dtype, cols) > 0
-            variants = [(i8, t) for t in threads for i8 in ((False, True) if has_int8 else (False,))]
+            has_int = _quant.act_bytes(dtype, cols) > 0
+            modes = (0, 16, 8) if has_int else (0,)
+            variants = [(b, t) for t in threads for b in modes]
             r = rates(data, dtype, rows, cols, x, variants, args.repeats)
             line = f"{name:6} {rows:>5}x{cols:<5}"
             for t in threads:
-                f, i = r[(False, t)], r.get((True, t), float("nan"))
-                line += f" {f:9.2f} {i:8.2f} {i / f:5.2f}" if has_int8 else f" {f:9.2f} {'-':>8} {'':>5}"
+                f = r[(0, t)]
+                if has_int:
+                    i16, i8 = r[(16, t)], r[(8, t)]
+                    line += f" {f:9.2f} {i16:9.2f} {i16 / f:5.2f} {i8:8.2f} {i8 / f:5.2f}"
+                else:
+                    line += f" {f:9.2f} {'-':>9} {'':>5} {'-':>8} {'':>5}"
             if args.plain:
                 _quant.set_simd(False)
-                pv = [(False, 1)] + ([(True, 1)] if has_int8 else [])
-                p = rates(data, dtype, rows, cols, x, pv, max(3, args.repeats // 5))
+                p = rates(data, dtype, rows, cols, x, [(b, 1) for b in modes], max(3, args.repeats // 5))
                 _quant.set_simd(True)
-                line += f" {p[(False, 1)]:8.2f} {p.get((True, 1), float('nan')):8.2f}"
+                nan = float("nan")
+                line += f" {p[(0, 1)]:8.2f} {p.get((16, 1), nan):9.2f} {p.get((8, 1), nan):8.2f}"
             print(line, flush=True)
     finally:
         _quant.set_simd(prev)

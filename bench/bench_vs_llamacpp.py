@@ -1,7 +1,8 @@
 """qwenc against llama.cpp (through llama-cpp-python) on the same GGUF, in the same run.
 
     python bench/bench_vs_llamacpp.py [--model GGUF] [--threads 2] [--prompt 128,512] [--gen 64]
-                                      [--repeats 5] [--dtype none,q8_0] [--flash-attn] [--json OUT]
+                                      [--repeats 5] [--dtype none,q8_0] [--activations f32,int16]
+                                      [--flash-attn] [--json OUT]
 
 llama-cpp-python is a benchmark peer only, not a dependency of qwenc: `pip install
 llama-cpp-python` (it compiles llama.cpp for this CPU; see bench/README.md).
@@ -70,11 +71,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 # ---------------------------------------------------------------- engines
 
 class QwencEngine:
-    def __init__(self, path, threads, context, dtype):
+    def __init__(self, path, threads, context, dtype, activations="f32"):
         import qwenc
-        self.name = "qwenc" if dtype is None else f"qwenc {dtype}"
+        self.name = " ".join(["qwenc"] + ([dtype] if dtype else []) + ([activations] if activations != "f32" else []))
         t = time.perf_counter()
-        self.model = qwenc.load(path, dtype=dtype, threads=threads, context=context)
+        self.model = qwenc.load(path, dtype=dtype, threads=threads, context=context, activations=activations)
         self.load_s = time.perf_counter() - t
         self.seq = None
 
@@ -485,6 +486,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per engine and prompt (default 5)")
     ap.add_argument("--dtype", default="none",
                     help="qwenc weight modes, comma-separated: none (as stored), q8_0, bf16, f32 (default none)")
+    ap.add_argument("--activations", default="f32",
+                    help="qwenc activation modes, comma-separated: f32, int16, int8 (default f32)")
     ap.add_argument("--flash-attn", action="store_true", help="llama.cpp with flash attention (binding default: off)")
     ap.add_argument("--no-llama", action="store_true", help="qwenc only (no llama-cpp-python needed)")
     ap.add_argument("--random-prompt", action="store_true", help="seeded random ids instead of real text")
@@ -512,7 +515,8 @@ def main():
         except ImportError:
             sys.exit("llama-cpp-python is not installed: pip install llama-cpp-python (or pass --no-llama)")
 
-    engines = [QwencEngine(args.model, args.threads, context, d) for d in dtypes]
+    acts = args.activations.split(",")
+    engines = [QwencEngine(args.model, args.threads, context, d, a) for d in dtypes for a in acts]
     stored = engines[0].model if dtypes[0] is None else qwenc.load(args.model, threads=args.threads, context=8)
     if use_llama:
         engines.append(LlamaEngine(args.model, args.threads, context, args.flash_attn))

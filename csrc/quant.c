@@ -1051,23 +1051,6 @@ void qw_quantize_row_q8_0(const float *src, void *dst, int64_t n) {
 
 #include <stdlib.h>
 
-/* -1: not decided yet (QWENC_INT8 is read at first use) */
-static int int8_enabled = -1;
-
-int qw_int8_activations(void) {
-    if (int8_enabled < 0) {
-        const char *env = getenv("QWENC_INT8");
-        int8_enabled = !(env && strcmp(env, "0") == 0);
-    }
-    return int8_enabled;
-}
-
-int qw_set_int8_activations(int enabled) {
-    int prev = qw_int8_activations();
-    int8_enabled = enabled != 0;
-    return prev;
-}
-
 static int has_int_dot(int dtype) {
     switch (dtype) {
     case QW_Q4_0: case QW_Q4_1: case QW_Q5_0: case QW_Q5_1: case QW_Q8_0:
@@ -1076,15 +1059,19 @@ static int has_int_dot(int dtype) {
     }
 }
 
-size_t qw_act_bytes(int dtype, int64_t n) {
-    if (!has_int_dot(dtype) || n % QK) return 0;
-    return (size_t)n + 8 * (size_t)(n / QK) + 2 * (size_t)(n / 16);
-}
-
-/* The pieces of an act row of n values. */
+/* The pieces of an act row of n values; ACT_HALF is its size, and the offset of a 16-bit row's
+ * second level. */
+#define ACT_HALF(n) ((size_t)(n) + 8 * (size_t)((n) / QK) + 2 * (size_t)((n) / 16))
 #define ACT_D(xq, n) ((const float *)((const int8_t *)(xq) + (n)))
 #define ACT_S(xq, n) (ACT_D(xq, n) + (n) / QK)
 #define ACT_BSUMS(xq, n) ((const int16_t *)(ACT_S(xq, n) + (n) / QK))
+
+size_t qw_act_bytes(int dtype, int64_t n) {
+    if (!has_int_dot(dtype) || n % QK) return 0;
+    return ACT_HALF(n);
+}
+
+size_t qw_act16_bytes(int dtype, int64_t n) { return 2 * qw_act_bytes(dtype, n); }
 
 /* Below this max|x| a block is quantized to zeros: 1 / d would overflow for some such blocks. */
 #define ACT_TINY 1e-30f
@@ -1151,6 +1138,45 @@ static void quantize_act_plain(const float *x, void *dst, int64_t n) {
         bs[2 * i] = (int16_t)sum_codes(q, 16);
         bs[2 * i + 1] = (int16_t)sum_codes(q + 16, 16);
         s[i] = d[i] * (float)(bs[2 * i] + bs[2 * i + 1]);
+    }
+}
+
+/* A 16-bit act row is two 8-bit act rows, level 1 then level 2 (see quant.h). With t = x / d:
+ * q1 = round(t), q2 = round(256 (t - q1)) clamped to +-127, and level 2's scale is d / 256.
+ * t - q1 and the product by 256 are exact in float32, so every path writes the same codes. */
+static inline int8_t level2_code(float t, float a) {
+    float r = round_even((t - a) * 256.0f);
+    return (int8_t)(int)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+}
+
+static void quantize_act16_plain(const float *x, void *dst, int64_t n) {
+    int8_t *q = dst, *q2 = q + ACT_HALF(n);
+    float *d = (float *)(q + n), *s = d + n / QK, *d2 = (float *)(q2 + n), *s2 = d2 + n / QK;
+    int16_t *bs = (int16_t *)(s + n / QK), *bs2 = (int16_t *)(s2 + n / QK);
+    for (int64_t i = 0; i < n / QK; i++, x += QK, q += QK, q2 += QK) {
+        uint32_t amax = 0;
+        for (int j = 0; j < QK; j++) {
+            uint32_t a = f32_bits(x[j]) & 0x7fffffffu;
+            amax = a > amax ? a : amax;
+        }
+        float id;
+        if (act_scale(amax, &d[i], &id)) {
+            for (int j = 0; j < QK; j++) {
+                float t = x[j] * id, a = round_even(t);
+                q[j] = (int8_t)(int)a;
+                q2[j] = level2_code(t, a);
+            }
+        } else {
+            memset(q, 0, QK);
+            memset(q2, 0, QK);
+        }
+        d2[i] = d[i] * (1.0f / 256.0f);
+        bs[2 * i] = (int16_t)sum_codes(q, 16);
+        bs[2 * i + 1] = (int16_t)sum_codes(q + 16, 16);
+        bs2[2 * i] = (int16_t)sum_codes(q2, 16);
+        bs2[2 * i + 1] = (int16_t)sum_codes(q2 + 16, 16);
+        s[i] = d[i] * (float)(bs[2 * i] + bs[2 * i + 1]);
+        s2[i] = d2[i] * (float)(bs2[2 * i] + bs2[2 * i + 1]);
     }
 }
 
@@ -1244,6 +1270,22 @@ static float dotq_q6_k(const void *row, const void *xq, int64_t n) {
     }
     return s;
 }
+
+/* 16-bit act rows, plain: the two levels are complete 8-bit act rows, so the dot is the sum of
+ * the 8-bit kernel over each (an independent check of the fused AVX2 kernels below). */
+#define QW_DOTQ16_PLAIN(T)                                                                     \
+    static float dotq16_##T(const void *row, const void *xq, int64_t n) {                    \
+        return dotq_##T(row, xq, n) + dotq_##T(row, (const int8_t *)xq + ACT_HALF(n), n);      \
+    }
+
+QW_DOTQ16_PLAIN(q4_0)
+QW_DOTQ16_PLAIN(q4_1)
+QW_DOTQ16_PLAIN(q5_0)
+QW_DOTQ16_PLAIN(q5_1)
+QW_DOTQ16_PLAIN(q8_0)
+QW_DOTQ16_PLAIN(q4_k)
+QW_DOTQ16_PLAIN(q5_k)
+QW_DOTQ16_PLAIN(q6_k)
 
 /* ---------------------------------------------------------------- integer path: AVX2 */
 #if QW_HAVE_X86
@@ -1530,6 +1572,187 @@ QW_TARGET_AVX2 static float dotq_q6_k_avx2(const void *row, const void *xq, int6
     return hsum256(acc);
 }
 
+
+/* ---- 16-bit act rows: quantizer and fused kernels
+ *
+ * Each weight block is unpacked once and multiplied by both levels' codes. For the 32-value
+ * types and Q4_K/Q5_K the two products of a block combine in integers, 256 p1 + p2 (at most
+ * 32 * 127 * 32639 < 2^31 per block), against the level-1 scale d / 256; Q6_K's products carry
+ * its 8-bit group scales and keep the levels apart until they are floats. */
+
+QW_TARGET_AVX2 static void quantize_act16_avx2(const float *x, void *dst, int64_t n) {
+    int8_t *q = dst, *q2 = q + ACT_HALF(n);
+    float *d = (float *)(q + n), *s = d + n / QK, *d2 = (float *)(q2 + n), *s2 = d2 + n / QK;
+    int16_t *bs = (int16_t *)(s + n / QK), *bs2 = (int16_t *)(s2 + n / QK);
+    const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t i = 0; i < n / QK; i++, x += QK, q += QK, q2 += QK) {
+        float id;
+        if (!act_scale(amax_bits32(x), &d[i], &id)) {
+            memset(q, 0, QK);
+            memset(q2, 0, QK);
+            bs[2 * i] = bs[2 * i + 1] = bs2[2 * i] = bs2[2 * i + 1] = 0;
+            d2[i] = d[i] * (1.0f / 256.0f);
+            s[i] = s2[i] = d[i] * 0.0f;
+            continue;
+        }
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i c1[4], c2[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), vid);
+            __m256 a = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            c1[k] = _mm256_cvtps_epi32(a);
+            __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(t, a), _mm256_set1_ps(256.0f)));
+            c2[k] = _mm256_max_epi32(_mm256_min_epi32(r, lim), nlim);
+        }
+        __m256i p1 = _mm256_packs_epi16(_mm256_packs_epi32(c1[0], c1[1]), _mm256_packs_epi32(c1[2], c1[3]));
+        __m256i p2 = _mm256_packs_epi16(_mm256_packs_epi32(c2[0], c2[1]), _mm256_packs_epi32(c2[2], c2[3]));
+        _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p1, order));
+        _mm256_storeu_si256((__m256i *)q2, _mm256_permutevar8x32_epi32(p2, order));
+        int lo = hsum_i32(_mm256_add_epi32(c1[0], c1[1])), hi = hsum_i32(_mm256_add_epi32(c1[2], c1[3]));
+        int lo2 = hsum_i32(_mm256_add_epi32(c2[0], c2[1])), hi2 = hsum_i32(_mm256_add_epi32(c2[2], c2[3]));
+        bs[2 * i] = (int16_t)lo;
+        bs[2 * i + 1] = (int16_t)hi;
+        bs2[2 * i] = (int16_t)lo2;
+        bs2[2 * i + 1] = (int16_t)hi2;
+        d2[i] = d[i] * (1.0f / 256.0f);
+        s[i] = d[i] * (float)(lo + hi);
+        s2[i] = d2[i] * (float)(lo2 + hi2);
+    }
+}
+
+/* 256 (u . x) + (u . y) for unsigned codes u, as 8 int32 partial sums. */
+QW_TARGET_AVX2 static inline __m256i dot2_us(__m256i u, const int8_t *x, const int8_t *y) {
+    __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(x)), _mm256_set1_epi16(256));
+    return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(y)), _mm256_set1_epi16(1)));
+}
+
+/* The same for signed codes w (|w| times x or y with w's sign moved onto it). */
+QW_TARGET_AVX2 static inline __m256i dot2_ss(__m256i w, const int8_t *x, const int8_t *y) {
+    __m256i aw = _mm256_abs_epi8(w);
+    __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(load32(x), w)), _mm256_set1_epi16(256));
+    __m256i b = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(load32(y), w)), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(a, b);
+}
+
+/* The 32-value types, as QW_DOTQ32_AVX2 with the combined products: offsets come off as
+ * OFFSET * (256 bsum1 + bsum2), the scale is d dx / 256, the mins multiply s1 + s2. */
+#define QW_DOTQ16_32_AVX2(NAME, BYTES, CODES, PRODUCT2, OFFSET, HAS_MIN)                        \
+    QW_TARGET_AVX2 static float NAME(const void *row, const void *xq, int64_t n) {             \
+        const uint8_t *b = row;                                                                \
+        const int8_t *x = xq, *y = x + ACT_HALF(n);                                            \
+        const float *xd = ACT_D(x, n), *xs = ACT_S(x, n), *ys = ACT_S(y, n);                   \
+        const int16_t *bs = ACT_BSUMS(x, n), *bs2 = ACT_BSUMS(y, n);                           \
+        const __m256 inv256 = _mm256_set1_ps(1.0f / 256.0f);                                   \
+        __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();                          \
+        int64_t nb = n / QK, i = 0;                                                            \
+        for (; i + 8 <= nb; i += 8, b += 8 * (BYTES), x += 8 * QK, y += 8 * QK) {              \
+            __m256i p[8];                                                                      \
+            for (int k = 0; k < 8; k++) p[k] = PRODUCT2(CODES(b + k * (BYTES)), x + k * QK, y + k * QK); \
+            __m256i sums = block_sums8(p);                                                     \
+            if (OFFSET)                                                                        \
+                sums = _mm256_sub_epi32(sums, _mm256_add_epi32(act_sums8(bs + 2 * i, 256 * (OFFSET)), \
+                                                               act_sums8(bs2 + 2 * i, OFFSET))); \
+            __m256 d = _mm256_mul_ps(f16x8(b, (BYTES)), _mm256_mul_ps(_mm256_loadu_ps(xd + i), inv256)); \
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc);                           \
+            if (HAS_MIN)                                                                       \
+                macc = _mm256_fmadd_ps(f16x8(b + 2, (BYTES)),                                  \
+                                       _mm256_add_ps(_mm256_loadu_ps(xs + i), _mm256_loadu_ps(ys + i)), macc); \
+        }                                                                                      \
+        float r = 0;                                                                           \
+        for (; i < nb; i++, b += (BYTES), x += QK, y += QK) {                                  \
+            int32_t isum = hsum_i32(PRODUCT2(CODES(b), x, y)) -                                \
+                           (OFFSET) * (256 * (bs[2 * i] + bs[2 * i + 1]) + bs2[2 * i] + bs2[2 * i + 1]); \
+            r += (f16_avx2(b) * (xd[i] * (1.0f / 256.0f))) * (float)isum;                      \
+            if (HAS_MIN) r += f16_avx2(b + 2) * (xs[i] + ys[i]);                               \
+        }                                                                                      \
+        return hsum256(_mm256_add_ps(acc, macc)) + r;                                          \
+    }
+
+QW_DOTQ16_32_AVX2(dotq16_q4_0_avx2, 18, ucodes_q4_0, dot2_us, 8, 0)
+QW_DOTQ16_32_AVX2(dotq16_q4_1_avx2, 20, ucodes_q4_1, dot2_us, 0, 1)
+QW_DOTQ16_32_AVX2(dotq16_q5_0_avx2, 22, ucodes_q5_0, dot2_us, 16, 0)
+QW_DOTQ16_32_AVX2(dotq16_q5_1_avx2, 24, ucodes_q5_1, dot2_us, 0, 1)
+QW_DOTQ16_32_AVX2(dotq16_q8_0_avx2, 34, codes_q8_0, dot2_ss, 0, 0)
+
+/* Q4_K/Q5_K super-block against both levels (qh NULL for Q4_K): the 8 sub-blocks' combined
+ * sums times their 6-bit scales, in float (the product can pass 2^31 for Q5_K). */
+QW_TARGET_AVX2 static inline void dotq16_kquant_4_5_avx2(const uint8_t *b, const uint8_t *qs, const uint8_t *qh,
+                                                        const int8_t *x, const int8_t *y, const float *xd,
+                                                        const float *xs, const float *ys, __m256 *acc,
+                                                        __m256 *macc) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    uint32_t w0 = rd_u32(b + 4), w1 = rd_u32(b + 8), w2 = rd_u32(b + 12);
+    uint64_t sc = (w0 & 0x3F3F3F3Fu) | (uint64_t)((w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u)) << 32;
+    uint64_t m = (w1 & 0x3F3F3F3Fu) | (uint64_t)(((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u)) << 32;
+    __m256i p[8];
+    __m256i h = qh ? load32(qh) : _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        __m256i v = load32(qs + 32 * c);
+        __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        if (qh) {
+            const __m256i bit4 = _mm256_set1_epi8(0x10);
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
+            h = _mm256_srli_epi16(h, 2);
+        }
+        p[2 * c] = dot2_us(lo, x + 64 * c, y + 64 * c);
+        p[2 * c + 1] = dot2_us(hi, x + 64 * c + 32, y + 64 * c + 32);
+    }
+    __m256 sums = _mm256_mul_ps(_mm256_cvtepi32_ps(block_sums8(p)),
+                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))));
+    __m256 dx = _mm256_mul_ps(_mm256_loadu_ps(xd), _mm256_set1_ps(1.0f / 256.0f));
+    *acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(_mm256_set1_ps(f16_avx2(b)), dx), *acc);
+    __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m)));
+    *macc = _mm256_fmadd_ps(_mm256_mul_ps(mins, _mm256_set1_ps(f16_avx2(b + 2))),
+                            _mm256_add_ps(_mm256_loadu_ps(xs), _mm256_loadu_ps(ys)), *macc);
+}
+
+#define QW_DOTQ16_KQUANT_AVX2(NAME, BYTES, QS, QH)                                             \
+    QW_TARGET_AVX2 static float NAME(const void *row, const void *xq, int64_t n) {             \
+        const uint8_t *b = row;                                                                \
+        const int8_t *x = xq, *y = x + ACT_HALF(n);                                            \
+        const float *xd = ACT_D(x, n), *xs = ACT_S(x, n), *ys = ACT_S(y, n);                   \
+        __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();                          \
+        for (int64_t i = 0; i < n / QKK; i++, b += (BYTES), x += QKK, y += QKK, xd += 8, xs += 8, ys += 8) \
+            dotq16_kquant_4_5_avx2(b, b + (QS), (QH) ? b + (QH) : NULL, x, y, xd, xs, ys, &acc, &macc); \
+        return hsum256(_mm256_sub_ps(acc, macc));                                              \
+    }
+
+QW_DOTQ16_KQUANT_AVX2(dotq16_q4_k_avx2, 144, 16, 0)
+QW_DOTQ16_KQUANT_AVX2(dotq16_q5_k_avx2, 176, 48, 16)
+
+/* Q6_K against both levels: as dotq_q6_k_avx2, once per level on the same codes. */
+QW_TARGET_AVX2 static float dotq16_q6_k_avx2(const void *row, const void *xq, int64_t n) {
+    const uint8_t *b = row;
+    const int8_t *x = xq, *y = x + ACT_HALF(n);
+    const float *xd = ACT_D(x, n);
+    const int16_t *bs = ACT_BSUMS(x, n), *bs2 = ACT_BSUMS(y, n);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QKK; i++, b += 210, x += QKK, y += QKK, xd += 8, bs += 16, bs2 += 16) {
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+        __m256i p[8], p2[8];
+        for (int hf = 0; hf < 2; hf++) {
+            __m256i sch = _mm256_permute2x128_si256(sc16, sc16, hf ? 0x11 : 0x00);
+            __m256i h = load32(b + 128 + 32 * hf);
+            for (int k = 0; k < 4; k++) {
+                __m256i q = q6k_ucodes(b + 64 * hf, h, k);
+                __m256i sel = _mm256_set_m128i(_mm_set1_epi16((short)(0x0101 * (4 * k + 2) + 0x0100)),
+                                               _mm_set1_epi16((short)(0x0101 * 4 * k + 0x0100)));
+                __m256i scv = _mm256_shuffle_epi8(sch, sel);
+                p[4 * hf + k] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(x + 128 * hf + 32 * k)), scv);
+                p2[4 * hf + k] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(y + 128 * hf + 32 * k)), scv);
+            }
+        }
+        __m256i s1 = _mm256_sub_epi32(block_sums8(p), _mm256_slli_epi32(_mm256_madd_epi16(load32(bs), sc16), 5));
+        __m256i s2 = _mm256_sub_epi32(block_sums8(p2), _mm256_slli_epi32(_mm256_madd_epi16(load32(bs2), sc16), 5));
+        __m256 sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_set1_ps(1.0f / 256.0f), _mm256_cvtepi32_ps(s1));
+        __m256 d = _mm256_mul_ps(_mm256_set1_ps(f16_avx2(b + 208)), _mm256_loadu_ps(xd));
+        acc = _mm256_fmadd_ps(sums, d, acc);
+    }
+    return hsum256(acc);
+}
+
 #endif /* QW_HAVE_X86 */
 
 /* ---------------------------------------------------------------- integer path: dispatch */
@@ -1572,5 +1795,47 @@ qw_dot_act_fn qw_dot_act_kernel(int dtype) {
 
 float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n) {
     qw_dot_act_fn k = qw_dot_act_kernel(dtype);
+    return k ? k(row, xq, n) : 0.0f;
+}
+
+void qw_quantize_act16(int dtype, const float *x, void *dst, int64_t n) {
+    if (!qw_act_bytes(dtype, n)) return;
+#if QW_HAVE_X86
+    if (qw_use_avx2()) {
+        quantize_act16_avx2(x, dst, n);
+        return;
+    }
+#endif
+    quantize_act16_plain(x, dst, n);
+}
+
+#if QW_HAVE_X86
+#define DOTQ16_PAIR(T) {dotq16_##T, dotq16_##T##_avx2}
+#else
+#define DOTQ16_PAIR(T) {dotq16_##T, dotq16_##T}
+#endif
+
+qw_dot_act_fn qw_dot_act16_kernel(int dtype) {
+    static const qw_dot_act_fn q4_0[2] = DOTQ16_PAIR(q4_0), q4_1[2] = DOTQ16_PAIR(q4_1),
+                               q5_0[2] = DOTQ16_PAIR(q5_0), q5_1[2] = DOTQ16_PAIR(q5_1),
+                               q8_0[2] = DOTQ16_PAIR(q8_0), q4_k[2] = DOTQ16_PAIR(q4_k),
+                               q5_k[2] = DOTQ16_PAIR(q5_k), q6_k[2] = DOTQ16_PAIR(q6_k);
+    const qw_dot_act_fn *k;
+    switch (dtype) {
+    case QW_Q4_0: k = q4_0; break;
+    case QW_Q4_1: k = q4_1; break;
+    case QW_Q5_0: k = q5_0; break;
+    case QW_Q5_1: k = q5_1; break;
+    case QW_Q8_0: k = q8_0; break;
+    case QW_Q4_K: k = q4_k; break;
+    case QW_Q5_K: k = q5_k; break;
+    case QW_Q6_K: k = q6_k; break;
+    default: return NULL;
+    }
+    return k[qw_use_avx2() ? 1 : 0];
+}
+
+float qw_dot_row_act16(int dtype, const void *row, const void *xq, int64_t n) {
+    qw_dot_act_fn k = qw_dot_act16_kernel(dtype);
     return k ? k(row, xq, n) : 0.0f;
 }

@@ -83,12 +83,18 @@ float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n);
 typedef float (*qw_dot_act_fn)(const void *row, const void *xq, int64_t n);
 qw_dot_act_fn qw_dot_act_kernel(int dtype);
 
-/* Whether qw_matmul's decode path (few activation rows) takes the integer path for
- * block-quantized weights: on unless QWENC_INT8=0 was in the environment at first use.
- * qw_set_int8_activations returns the previous setting. Each extension module linking quant.c
- * holds its own copy of this switch. */
-int qw_int8_activations(void);
-int qw_set_int8_activations(int enabled);
+/* 16-bit act rows: x to about 1/32500 of each block's largest value (8-bit rows: 1/254), which
+ * keeps the products within ~1e-5 of float arithmetic, still on 8-bit integer multiplies.
+ * A 16-bit row is two 8-bit act rows of the layout above, one after the other
+ * (qw_act16_bytes = 2 * qw_act_bytes): level 1 is the 8-bit row of x (d = max|x| / 127,
+ * q1 = round(x / d)); level 2 has scale d / 256 and codes q2 = round(256 (x / d - q1)), clamped to
+ * +-127, so x ~ d q1 + (d / 256) q2. Its s and bsums are those of q2 and d / 256. The dot is the
+ * sum of the 8-bit dots with the two levels (the plain kernels compute exactly that); the AVX2
+ * kernels unpack each weight block once for both. */
+size_t qw_act16_bytes(int dtype, int64_t n);
+void qw_quantize_act16(int dtype, const float *x, void *dst, int64_t n);
+float qw_dot_row_act16(int dtype, const void *row, const void *xq, int64_t n);
+qw_dot_act_fn qw_dot_act16_kernel(int dtype);
 
 /* Scalar conversions, exact (round-to-nearest-even on the way down). */
 float qw_f16_to_f32(uint16_t h);

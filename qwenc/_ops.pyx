@@ -24,7 +24,7 @@ cdef extern from "quant.h":
 
 cdef extern from "matmul.h":
     void qw_matmul(const void *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M, float *Y,
-                   const float *bias) nogil
+                   const float *bias, int act) nogil
 
 cdef extern from "ops.h":
     void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) nogil
@@ -69,10 +69,18 @@ def set_threads(int n):
 
 # ---------------------------------------------------------------- linear algebra
 
+ACTIVATIONS = {"f32": 0, "int16": 16, "int8": 8}  # matmul.h's QW_ACT_* codes
+
+
 def matmul(const uint8_t[::1] W, int dtype, int64_t N, int64_t K, const float[:, ::1] X,
-           float[:, ::1] Y, const float[::1] bias=None):
-    """Y[M, N] = X[M, K] @ W.T (+ bias), W being N stored rows of K elements of type dtype."""
+           float[:, ::1] Y, const float[::1] bias=None, int act=0):
+    """Y[M, N] = X[M, K] @ W.T (+ bias), W being N stored rows of K elements of type dtype.
+
+    act: a code of ACTIVATIONS: float activations, or 16-bit or 8-bit act rows and integer dots
+    in decode-sized products over block-quantized weights (see matmul.h)."""
     cdef int64_t M = X.shape[0]
+    if act not in (0, 8, 16):
+        raise ValueError(f"unknown activation code {act}")
     if not qw_dtype_supported(dtype):
         raise ValueError(f"unsupported weight type {dtype}")
     if K % qw_block_size(dtype) != 0:
@@ -87,7 +95,7 @@ def matmul(const uint8_t[::1] W, int dtype, int64_t N, int64_t K, const float[:,
     if M == 0:
         return
     with nogil:
-        qw_matmul(&W[0], dtype, N, K, &X[0, 0], M, &Y[0, 0], b)
+        qw_matmul(&W[0], dtype, N, K, &X[0, 0], M, &Y[0, 0], b, act)
 
 
 def embed(const uint8_t[::1] E, int dtype, int64_t V, int64_t D, const int32_t[::1] ids, float[:, ::1] out):

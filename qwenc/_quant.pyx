@@ -25,8 +25,10 @@ cdef extern from "quant.h":
     float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n) nogil
     ctypedef float (*qw_dot_act_fn)(const void *row, const void *xq, int64_t n) noexcept nogil
     qw_dot_act_fn qw_dot_act_kernel(int dtype) nogil
-    int qw_int8_activations()
-    int qw_set_int8_activations(int enabled)
+    size_t qw_act16_bytes(int dtype, int64_t n)
+    void qw_quantize_act16(int dtype, const float *x, void *dst, int64_t n) nogil
+    float qw_dot_row_act16(int dtype, const void *row, const void *xq, int64_t n) nogil
+    qw_dot_act_fn qw_dot_act16_kernel(int dtype) nogil
 
 cdef extern from "cpu.h":
     int qw_cpu_has_avx2()
@@ -115,20 +117,29 @@ def quantize_q8_0(x):
     return out
 
 
-def act_bytes(int dtype, Py_ssize_t n):
-    """Bytes of a quantized activation row of n values for weights of `dtype` (0: no integer path)."""
-    return qw_act_bytes(dtype, n)
+def _check_bits(int bits):
+    if bits not in (8, 16):
+        raise ValueError(f"bits must be 8 or 16, got {bits}")
 
 
-def quantize_activations(x, int dtype):
-    """uint8 [rows, act_bytes(dtype, cols)]: each row of the float32 [rows, cols] array x as an
-    activation row for the integer dot with weights of `dtype` (layout in csrc/quant.h)."""
+def act_bytes(int dtype, Py_ssize_t n, int bits=8):
+    """Bytes of a quantized activation row of n values for weights of `dtype` (0: no integer
+    path): an 8-bit act row, or a 16-bit one (two 8-bit levels)."""
+    _check_bits(bits)
+    return qw_act16_bytes(dtype, n) if bits == 16 else qw_act_bytes(dtype, n)
+
+
+def quantize_activations(x, int dtype, int bits=8):
+    """uint8 [rows, act_bytes(dtype, cols, bits)]: each row of the float32 [rows, cols] array x as
+    an 8-bit or 16-bit activation row for the integer dot with weights of `dtype` (layout in
+    csrc/quant.h)."""
+    _check_bits(bits)
     xa = np.ascontiguousarray(x, dtype=np.float32)
     if xa.ndim != 2:
         raise ValueError(f"expected a 2-D array, got shape {list(xa.shape)}")
     rows, cols = xa.shape
     _row_bytes(dtype, rows, cols)
-    ab = qw_act_bytes(dtype, cols)
+    ab = act_bytes(dtype, cols, bits)
     if ab == 0:
         raise ValueError(f"type {dtype} has no integer dot")
     out = np.empty((rows, ab), dtype=np.uint8)
@@ -139,15 +150,19 @@ def quantize_activations(x, int dtype):
         return out
     with nogil:
         for r in range(nrows):
-            qw_quantize_act(dtype, &src[r, 0], &dst[r, 0], ncols)
+            if bits == 16:
+                qw_quantize_act16(dtype, &src[r, 0], &dst[r, 0], ncols)
+            else:
+                qw_quantize_act(dtype, &src[r, 0], &dst[r, 0], ncols)
     return out
 
 
-def dot_rows_act(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, xq):
+def dot_rows_act(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, xq, int bits=8):
     """float32 [rows]: each stored row dotted, by the integer kernel, with the activation row xq
-    (uint8 [act_bytes(dtype, cols)], from quantize_activations)."""
+    (uint8 [act_bytes(dtype, cols, bits)], from quantize_activations)."""
+    _check_bits(bits)
     arr, rb = _as_bytes(data, dtype, rows, cols)
-    ab = qw_act_bytes(dtype, cols)
+    ab = act_bytes(dtype, cols, bits)
     if ab == 0:
         raise ValueError(f"type {dtype} has no integer dot")
     xa = np.ascontiguousarray(xq).reshape(-1)
@@ -163,22 +178,28 @@ def dot_rows_act(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, xq):
         return out
     with nogil:
         for r in range(rows):
-            dst[r] = qw_dot_row_act(dtype, &src[r * row_bytes], &xv[0], cols)
+            if bits == 16:
+                dst[r] = qw_dot_row_act16(dtype, &src[r * row_bytes], &xv[0], cols)
+            else:
+                dst[r] = qw_dot_row_act(dtype, &src[r * row_bytes], &xv[0], cols)
     return out
 
 
-def matvec(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, x, bint int8=True, int threads=1):
+def matvec(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, x, int bits=8, int threads=1):
     """float32 [rows]: the stored matrix times x (float32 [cols]) as decode computes it, rows
-    shared among `threads` OpenMP threads: the fused float dot per row, or (int8, for the
-    block-quantized types) x quantized once and the integer dot per row. For benchmarks."""
+    shared among `threads` OpenMP threads: the fused float dot per row (bits=0), or (bits=8 or
+    16, for the block-quantized types) x quantized once and the integer dot per row. For
+    benchmarks."""
     arr, rb = _as_bytes(data, dtype, rows, cols)
     xa = np.ascontiguousarray(x, dtype=np.float32)
     if xa.ndim != 1 or xa.shape[0] != cols:
         raise ValueError(f"x must have shape [{cols}], got {list(np.shape(x))}")
     if threads < 1:
         raise ValueError("threads must be >= 1")
-    cdef Py_ssize_t ab = qw_act_bytes(dtype, cols)
-    if int8 and ab == 0:
+    if bits:
+        _check_bits(bits)
+    cdef Py_ssize_t ab = act_bytes(dtype, cols, bits) if bits else 0
+    if bits and ab == 0:
         raise ValueError(f"type {dtype} has no integer dot")
     xq = np.empty(ab if ab > 0 else 1, dtype=np.uint8)
     out = np.empty(rows, dtype=np.float32)
@@ -192,28 +213,19 @@ def matvec(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, x, bint int8=True,
     if rows == 0:
         return out
     with nogil:
-        if int8:
-            qw_quantize_act(dtype, &xv[0], &qv[0], cols)
-            dot = qw_dot_act_kernel(dtype)
+        if bits:
+            if bits == 16:
+                qw_quantize_act16(dtype, &xv[0], &qv[0], cols)
+                dot = qw_dot_act16_kernel(dtype)
+            else:
+                qw_quantize_act(dtype, &xv[0], &qv[0], cols)
+                dot = qw_dot_act_kernel(dtype)
             for r in prange(rows, num_threads=threads, schedule="dynamic", chunksize=32):
                 dst[r] = dot(&src[r * row_bytes], &qv[0], cols)
         else:
             for r in prange(rows, num_threads=threads, schedule="dynamic", chunksize=32):
                 dst[r] = qw_dot_row(dtype, &src[r * row_bytes], &xv[0], cols)
     return out
-
-
-def set_int8_activations(enabled):
-    """Let qw_matmul's decode path use 8-bit activations with integer dots for block-quantized
-    weights (True, the default unless QWENC_INT8=0) or the float fused dots; returns the previous
-    setting. This switches the copy of the kernels in this module (qwenc._quant); qwenc._ops
-    holds its own, set by QWENC_INT8 in the environment before first use."""
-    return bool(qw_set_int8_activations(1 if enabled else 0))
-
-
-def int8_activations():
-    """True when the decode path takes the integer path (this module's switch)."""
-    return bool(qw_int8_activations())
 
 
 def set_simd(enabled):

@@ -14,6 +14,9 @@ def _add_model_args(p):
     p.add_argument("--threads", type=int, help="kernel threads (default: $QWENC_THREADS, else all CPUs)")
     p.add_argument("--context", type=int, default=4096, help="KV cache size in tokens (default 4096)")
     p.add_argument("--dtype", choices=["f32", "bf16", "q8_0"], help="re-encode weights at load")
+    p.add_argument("--activations", choices=["f32", "int16", "int8"], default="f32",
+                   help="decode arithmetic on quantized weights: f32 (default, matches transformers), "
+                        "int16 (faster, logits within ~1e-3), int8 (fastest, may flip near-ties)")
 
 
 def _add_sampling_args(p):
@@ -42,7 +45,8 @@ def _load(args):
         except DemoModelMissing as exc:
             raise SystemExit(f"qwenc: {exc}")
     t = time.perf_counter()
-    model = qwenc.load(spec, dtype=args.dtype, threads=args.threads, context=args.context)
+    model = qwenc.load(spec, dtype=args.dtype, threads=args.threads, context=args.context,
+                        activations=args.activations)
     if os.environ.get("QWENC_VERBOSE"):
         print(f"loaded {spec} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     return model

@@ -106,7 +106,7 @@ def _gguf_parts(path: Path):
     return cfg, tensors, tokenizer, {}, template
 
 
-def load(path, dtype: str = None, threads: int = None, context: int = 4096) -> Model:
+def load(path, dtype: str = None, threads: int = None, context: int = 4096, activations: str = "f32") -> Model:
     """Load a Qwen2/Qwen2.5/Qwen3 model.
 
     path:    model directory, .gguf file, or a hub repo id present in the local HF cache
@@ -114,6 +114,11 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096) -> M
              "f32", "bf16" or "q8_0" re-encode the weight matrices in memory at load
     threads: kernel threads (default: $QWENC_THREADS, else the CPUs this process may use)
     context: KV cache capacity of each sequence, in tokens
+    activations: decode's arithmetic on block-quantized (GGUF, q8_0) weights. "f32" (default)
+             multiplies them by float32 activations: what transformers computes on the
+             dequantized model, token for token. "int16" rounds each activation row to 16-bit
+             codes for integer dot products (faster; logits within ~1e-3 of f32), "int8" to
+             8-bit codes (fastest; an occasional near-tie between two tokens flips)
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -129,7 +134,8 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096) -> M
     convert = (lambda t: convert_tensor(t, dtype)) if dtype else None
     weights = Weights(cfg, tensors, convert)
     return Model(cfg, weights, tokenizer=tokenizer, context=context, threads=threads,
-                 generation_defaults=gen, chat_template=template, source=str(p))
+                 generation_defaults=gen, chat_template=template, source=str(p),
+                 activations=activations)
 
 
 def _is_gguf(p: Path) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _ops
+from ._ops import ACTIVATIONS
 from .config import ModelConfig
 from .generation_config import resolve_sampling
 from .sampler import Sampler, SamplingParams
@@ -44,9 +45,9 @@ class Linear:
     def out_features(self):
         return self.weight.shape[0]
 
-    def __call__(self, x: np.ndarray, out: np.ndarray):
+    def __call__(self, x: np.ndarray, out: np.ndarray, act: int = 0):
         w = self.weight
-        _ops.matmul(w.data, w.dtype, w.shape[0], w.shape[1], x, out, self.bias)
+        _ops.matmul(w.data, w.dtype, w.shape[0], w.shape[1], x, out, self.bias, act)
         return out
 
 
@@ -184,7 +185,9 @@ def default_threads() -> int:
 class Model:
     def __init__(self, cfg: ModelConfig, weights: Weights, tokenizer=None, context: int = 4096,
                  threads: int = None, generation_defaults: dict = None, chat_template: str = None,
-                 source: str = ""):
+                 source: str = "", activations: str = "f32"):
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {tuple(ACTIVATIONS)}, got {activations!r}")
         self.config = cfg
         self.weights = weights
         self.tokenizer = tokenizer
@@ -196,6 +199,10 @@ class Model:
         self.generation_defaults = dict(generation_defaults or {})
         self.chat_template = chat_template
         self.source = source
+        # "f32" computes what transformers computes on the dequantized weights; "int8" rounds
+        # decode's activations to 8 bits for integer dots on quantized weights (faster, not exact).
+        self.activations = activations
+        self._act = ACTIVATIONS[activations]
         hd = cfg.head_dim
         # float32 throughout, as the reference computes it: theta ** (2i / hd), then 1 / that.
         exponent = np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / np.float32(hd)
@@ -233,9 +240,9 @@ class Model:
         cfg = self.config
         T, hd = ws.T, cfg.head_dim
         _ops.rmsnorm(ws.x, layer.attn_norm, cfg.rms_norm_eps, ws.h)
-        layer.q(ws.h, ws.q)
-        layer.k(ws.h, ws.k)
-        layer.v(ws.h, ws.v)
+        layer.q(ws.h, ws.q, self._act)
+        layer.k(ws.h, ws.k, self._act)
+        layer.v(ws.h, ws.v, self._act)
         q = ws.q.reshape(T, cfg.num_heads, hd)
         k = ws.k.reshape(T, cfg.num_kv_heads, hd)
         if layer.q_norm is not None:
@@ -249,14 +256,14 @@ class Model:
             seq.k[li][:, start:start + r1 - r0, :] = k[r0:r1].transpose(1, 0, 2)
             seq.v[li][:, start:start + r1 - r0, :] = v[r0:r1].transpose(1, 0, 2)
             _ops.attention(q[r0:r1], seq.k[li], seq.v[li], start, self.scale, attn[r0:r1])
-        layer.o(ws.attn, ws.o)
+        layer.o(ws.attn, ws.o, self._act)
         ws.x += ws.o
         _ops.rmsnorm(ws.x, layer.mlp_norm, cfg.rms_norm_eps, ws.h)
-        layer.gate(ws.h, ws.gate)
-        layer.up(ws.h, ws.up)
+        layer.gate(ws.h, ws.gate, self._act)
+        layer.up(ws.h, ws.up, self._act)
         g = ws.gate.reshape(-1)
         _ops.silu_mul(g, ws.up.reshape(-1), g)
-        layer.down(ws.gate, ws.o)
+        layer.down(ws.gate, ws.o, self._act)
         ws.x += ws.o
 
     def _forward(self, batch, all_positions=False) -> np.ndarray:
@@ -288,7 +295,7 @@ class Model:
         h = ws.h[:len(rows)] if len(rows) == r else np.empty((len(rows), cfg.hidden_size), np.float32)
         _ops.rmsnorm(np.ascontiguousarray(ws.x[rows]), w.norm, cfg.rms_norm_eps, h)
         logits = np.empty((len(rows), cfg.vocab_size), np.float32)
-        Linear(w.lm_head)(h, logits)
+        Linear(w.lm_head)(h, logits, self._act)
         return logits
 
     def forward(self, seq: Sequence, ids, all_positions=False) -> np.ndarray:

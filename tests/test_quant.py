@@ -19,6 +19,7 @@ from qwenc.tensors import BLOCK, DTYPE_NAMES  # noqa: E402
 
 BLOCK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 CODE = {name: code for code, name in DTYPE_NAMES.items()}
+INT8 = 8  # qwenc._ops.ACTIVATIONS["int8"], the code qw_matmul takes for 8-bit activations
 # Types gguf's Python package can quantize (the k-quants it can only dequantize).
 REF_QUANTIZABLE = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 # Byte offsets of the f16 scale fields (d, and dmin / m where the type has one).
@@ -581,16 +582,6 @@ def test_int_dot_argument_checks():
         _quant.quantize_activations(np.ones((1, 48), np.float32), CODE["Q8_0"])
 
 
-def test_int8_switch():
-    prev = _quant.set_int8_activations(False)
-    try:
-        assert _quant.int8_activations() is False
-        assert _quant.set_int8_activations(True) is False
-        assert _quant.int8_activations() is True
-    finally:
-        _quant.set_int8_activations(prev)
-
-
 # ---- falsifiers: the integer checks reject near misses
 
 def test_falsifier_act_step_is_caught():
@@ -670,12 +661,6 @@ def test_falsifier_corrupt_activation_sums(name, field):
 
 # ---- qw_matmul's decode path (qwenc._ops, as the model calls it)
 
-def ops_int8_expected():
-    """Whether qwenc._ops takes the integer path: its switch follows QWENC_INT8 at first use."""
-    import os
-    return os.environ.get("QWENC_INT8") != "0"
-
-
 @pytest.fixture(params=SIMD_MODES)
 def ops_simd(request):
     from qwenc import _ops
@@ -688,7 +673,7 @@ def ops_simd(request):
 
 @pytest.mark.parametrize("name", BLOCK_TYPES)
 @pytest.mark.parametrize("M", [1, 2, 3, 4])
-def test_matmul_decode_path_uses_int8(name, M, ops_simd):
+def test_matmul_decode_path_int8(name, M, ops_simd):
     from qwenc import _ops
     N, K = 37, 512
     data = synthetic(name, N, K, seed=M)
@@ -697,48 +682,266 @@ def test_matmul_decode_path_uses_int8(name, M, ops_simd):
     x = act_inputs(K, rng)[np.arange(M) % 3]
     bias = rng.standard_normal(N).astype(np.float32)
     y = np.empty((M, N), np.float32)
-    _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y, bias)
+    _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y, bias, INT8)
     xq = _quant.quantize_activations(x, CODE[name])
     for m in range(M):
         xhat = act_values(xq[m], K)
-        if ops_int8_expected():
-            assert_int_dot_close(y[m] - bias, w, xhat, weight_mins(data, name, N, K))
+        assert_int_dot_close(y[m] - bias, w, xhat, weight_mins(data, name, N, K))
         assert_within_act_error(y[m] - bias, w, x[m], xhat)
 
 
 @pytest.mark.parametrize("name", ["Q5_0", "Q4_K"])
 def test_matmul_prefill_path_stays_float(name):
-    """M > 4 takes the widened-tile path: float activations, as before."""
+    """M > 4 takes the widened-tile path: float activations, even when int8 is asked for."""
     from qwenc import _ops
     N, K, M = 37, 512, 5
     data = synthetic(name, N, K, seed=1)
     w = ref_dequantize(data, GT[name]).reshape(N, K)
     x = act_inputs(K, np.random.default_rng(1))[np.arange(M) % 3]
     y = np.empty((M, N), np.float32)
-    _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y)
+    _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y, None, INT8)
     for m in range(M):
         assert_dot_close(y[m], w, x[m])
 
 
-def test_matmul_int8_env_switch():
-    """QWENC_INT8=0 keeps qwenc._ops on the float fused dots; unset, it takes the integer path."""
-    import os
-    import subprocess
-    import sys
-    code = ("import numpy as np; from qwenc import _ops, _quant\n"
-            "rng = np.random.default_rng(0)\n"
-            "w = _quant.quantize_q8_0(rng.standard_normal((8, 256)).astype(np.float32))\n"
-            "x = rng.standard_normal((1, 256)).astype(np.float32); y = np.empty((1, 8), np.float32)\n"
-            "_ops.matmul(w.reshape(-1), 8, 8, 256, x, y)\n"
-            "xq = _quant.quantize_activations(x, 8)[0]\n"
-            "print(int(np.array_equal(y[0], _quant.dot_rows(w, 8, 8, 256, x[0]))),"
-            " int(np.array_equal(y[0], _quant.dot_rows_act(w, 8, 8, 256, xq))))\n")
-    root = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
-    out = {}
-    for val in ("0", "1"):
-        env = dict(os.environ, QWENC_INT8=val, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-        assert res.returncode == 0, res.stderr
-        out[val] = res.stdout.split()
-    assert out["0"] == ["1", "0"]  # float fused dots, bit for bit
-    assert out["1"] == ["0", "1"]  # integer dots, bit for bit
+def test_matmul_activation_modes_bit_for_bit():
+    """act=f32 (the default) is the float fused dot, act=int8 the integer dot, bit for bit; both
+    per call, so two models in one process can differ. An unknown code is refused."""
+    from qwenc import _ops
+    rng = np.random.default_rng(0)
+    w = _quant.quantize_q8_0(rng.standard_normal((8, 256)).astype(np.float32))
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    xq = _quant.quantize_activations(x, CODE["Q8_0"])[0]
+    y = np.empty((1, 8), np.float32)
+    _ops.matmul(w.reshape(-1), CODE["Q8_0"], 8, 256, x, y)
+    assert np.array_equal(y[0], _quant.dot_rows(w, CODE["Q8_0"], 8, 256, x[0]))
+    _ops.matmul(w.reshape(-1), CODE["Q8_0"], 8, 256, x, y, None, INT8)
+    assert np.array_equal(y[0], _quant.dot_rows_act(w, CODE["Q8_0"], 8, 256, xq))
+    assert not np.array_equal(y[0], _quant.dot_rows(w, CODE["Q8_0"], 8, 256, x[0]))
+    _ops.matmul(w.reshape(-1), CODE["Q8_0"], 8, 256, x, y, None, _ops.ACTIVATIONS["f32"])
+    assert np.array_equal(y[0], _quant.dot_rows(w, CODE["Q8_0"], 8, 256, x[0]))
+    with pytest.raises(ValueError, match="activation"):
+        _ops.matmul(w.reshape(-1), CODE["Q8_0"], 8, 256, x, y, None, 3)
+
+# ---- 16-bit act rows: two 8-bit levels (csrc/quant.h)
+#
+# Level 1 is the 8-bit act row of x; level 2 holds the rounding left over, in steps of d / 256.
+# Same two oracles as the 8-bit rows, with xhat = d q1 + (d / 256) q2; and the float oracle's
+# bound is now ~256 times tighter.
+
+INT16 = 16  # qwenc._ops.ACTIVATIONS["int16"]
+
+
+def act16_levels(xq, n):
+    """The two 8-bit act rows a 16-bit row is made of."""
+    xq = np.asarray(xq).reshape(-1)
+    half = _quant.act_bytes(CODE["Q8_0"], n)
+    assert xq.size == 2 * half
+    return xq[:half], xq[half:]
+
+
+def act16_values(xq, n):
+    one, two = act16_levels(xq, n)
+    return act_values(one, n) + act_values(two, n)
+
+
+def expected_act16_level2(x):
+    """Level-2 codes, d, s and bsums from numpy float32 arithmetic: with t = x * (1 / d) as level 1
+    computes it, q2 = clip(rint(256 (t - rint(t))), -127, 127)."""
+    q1, d, _, _ = expected_act(x)
+    xb = x.astype(np.float32).reshape(-1, 32)
+    tiny = d == 0
+    with np.errstate(divide="ignore"):
+        inv = np.where(tiny, np.float32(0), np.float32(1) / np.where(tiny, np.float32(1), d)).astype(np.float32)
+    t = (xb * inv[:, None]).astype(np.float32)
+    r = ((t - np.rint(t)) * np.float32(256)).astype(np.float32)
+    q2 = np.clip(np.rint(r), -127, 127).astype(np.int64)
+    d2 = (d * np.float32(1 / 256)).astype(np.float32)
+    s2 = (d2 * q2.sum(axis=1).astype(np.float32)).astype(np.float32)
+    return q2.reshape(-1), d2, s2, q2.reshape(-1, 16).sum(axis=1)
+
+
+def test_quantize_act16_fields(simd):
+    cols = 768
+    x = act_inputs(cols, np.random.default_rng(31))
+    xq = _quant.quantize_activations(x, CODE["Q5_0"], bits=16)
+    assert xq.shape == (4, _quant.act_bytes(CODE["Q5_0"], cols, bits=16)) and xq.dtype == np.uint8
+    eight = _quant.quantize_activations(x, CODE["Q5_0"])
+    for r in range(4):
+        one, two = act16_levels(xq[r], cols)
+        np.testing.assert_array_equal(one, eight[r])  # level 1 is the 8-bit row
+        q2, d2, s2, bs2 = act_parts(two, cols)
+        want = expected_act16_level2(x[r])
+        np.testing.assert_array_equal(q2, want[0])
+        assert_same_bits(d2, want[1])
+        assert_same_bits(s2, want[2])
+        np.testing.assert_array_equal(bs2, want[3])
+        assert np.abs(q2.astype(np.int64)).max() <= 127
+        # each value within a 512th of its block's level-1 step (a 256th where level 2 clamped)
+        d = np.repeat(act_parts(one, cols)[1].astype(np.float64), 32)
+        err = np.abs(act16_values(xq[r], cols) - x[r])
+        assert (err <= np.maximum(d * (1 / 256 + 1e-6), 1e-30)).all()
+        assert np.median(err[d > 0] / d[d > 0]) < 1 / 700  # typical error ~ step / 1024
+
+
+def test_quantize_act16_simd_and_plain_bytes_equal():
+    if not _quant.has_avx2():
+        pytest.skip("CPU without AVX2/FMA/F16C")
+    x = act_inputs(1024, np.random.default_rng(32))
+    x[0, 300] = np.inf
+    x[0, 700] = np.nan
+    x[1, 5] = -np.inf
+    # exact halves of a step: the level-1 ties and level-2 values of +-128 that must clamp
+    x[3, 96:128] = (np.arange(32) - 15.5).astype(np.float32)
+    x[3, 96] = 127.0
+    prev = _quant.set_simd(True)
+    try:
+        fast = _quant.quantize_activations(x, CODE["Q8_0"], bits=16)
+        _quant.set_simd(False)
+        plain = _quant.quantize_activations(x, CODE["Q8_0"], bits=16)
+    finally:
+        _quant.set_simd(prev)
+    np.testing.assert_array_equal(fast, plain)
+
+
+def int16_dot_case(name, rows, cols, seed):
+    data = synthetic(name, rows, cols, seed=seed)
+    w = ref_dequantize(data, GT[name]).reshape(rows, cols)
+    x = act_inputs(cols, np.random.default_rng(seed))[seed % 3]
+    return data, w, x, _quant.quantize_activations(x[None], CODE[name], bits=16)[0]
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+@pytest.mark.parametrize("cols", [256, 768, 4864])
+def test_int16_dot_matches_reference(name, cols, simd):
+    rows = 9
+    data, w, x, xq = int16_dot_case(name, rows, cols, seed=cols % 7)
+    xhat = act16_values(xq, cols)
+    got = _quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=16)
+    assert_int_dot_close(got, w, xhat, weight_mins(data, name, rows, cols))
+    assert_within_act_error(got, w, x, xhat)
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+def test_int16_dot_random_blocks(name, simd):
+    """Every code pattern (Q8_0's -128 included) against codes of +-127 on both levels: the
+    largest combined products, which must not overflow int32."""
+    rows, cols = 16, 1280 if name in ACT32 else 1536
+    data = random_blocks(name, rows, cols, np.random.default_rng(18))
+    w = ref_dequantize(data, GT[name]).reshape(rows, cols)
+    x = np.random.default_rng(18).standard_normal(cols).astype(np.float32)
+    x[::37] *= 50
+    # blocks whose values sit just below a half step: q2 near +-127 across the whole block
+    # (127 first makes d = 1, so t = x, and t - rint(t) = +-0.496 gives q2 = +-127)
+    x[:64] = np.sign(x[:64]) * np.where(np.arange(64) % 32 == 0, 127, np.arange(64) % 32 + 0.496)
+    xq = _quant.quantize_activations(x[None], CODE[name], bits=16)[0]
+    _, two = act16_levels(xq, cols)
+    assert np.abs(act_parts(two, cols)[0][:64].astype(int)).max() >= 120
+    assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=16), w,
+                         act16_values(xq, cols), weight_mins(data, name, rows, cols))
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1"])
+@pytest.mark.parametrize("cols", [32, 96, 160, 288])
+def test_int16_dot_odd_block_counts(name, cols, simd):
+    data, w, x, xq = int16_dot_case(name, 5, cols, seed=cols)
+    assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], 5, cols, xq, bits=16), w,
+                         act16_values(xq, cols), weight_mins(data, name, 5, cols))
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+def test_int16_dot_simd_and_plain_agree(name):
+    if not _quant.has_avx2():
+        pytest.skip("CPU without AVX2/FMA/F16C")
+    rows, cols = 12, 1024
+    data, w, x, xq = int16_dot_case(name, rows, cols, seed=6)
+    prev = _quant.set_simd(True)
+    try:
+        fast = _quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=16)
+        _quant.set_simd(False)
+        plain = _quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=16)
+    finally:
+        _quant.set_simd(prev)
+    xhat = act16_values(xq, cols)
+    mins = weight_mins(data, name, rows, cols)
+    mag = np.abs(w.astype(np.float64)) + (0 if mins is None else np.abs(mins.astype(np.float64)))
+    assert (np.abs(fast.astype(np.float64) - plain) <= 2 * DOT_RTOL * (mag @ np.abs(xhat))).all()
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+def test_int16_dot_non_finite_activations_give_nan(name, simd):
+    rows, cols = 3, 512
+    data = synthetic(name, rows, cols, seed=9)
+    x = np.random.default_rng(9).standard_normal(cols).astype(np.float32)
+    x[40] = -np.inf
+    xq = _quant.quantize_activations(x[None], CODE[name], bits=16)[0]
+    assert np.isnan(_quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=16)).all()
+
+
+@pytest.mark.parametrize("tensor,n_rows", DEMO_TENSORS, ids=[t for t, _ in DEMO_TENSORS])
+def test_demo_tensors_int16_dot(demo, tensor, n_rows, simd):
+    data, rows, cols, name = sample_rows(demo, tensor, n_rows)
+    w = ref_dequantize(data, GT[name]).reshape(rows, cols)
+    x = act_inputs(cols, np.random.default_rng(4))[2]
+    xq = _quant.quantize_activations(x[None], CODE[name], bits=16)[0]
+    xhat = act16_values(xq, cols)
+    got = _quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=16)
+    assert_int_dot_close(got, w, xhat, weight_mins(data, name, rows, cols))
+    assert_within_act_error(got, w, x, xhat)
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+def test_int16_error_is_far_below_int8(name):
+    """What the 16-bit rows are for: against the float dot w . x, their error is hundreds of
+    times smaller than the 8-bit rows'. An 8-bit result (level 2 ignored) fails the 16-bit bound,
+    so the checks above can tell the two apart."""
+    rows, cols = 64, 1024
+    data = synthetic(name, rows, cols, seed=12)
+    w = ref_dequantize(data, GT[name]).reshape(rows, cols).astype(np.float64)
+    x = act_inputs(cols, np.random.default_rng(12))[0]
+    exact = w @ x.astype(np.float64)
+    e16 = _quant.dot_rows_act(data, CODE[name], rows, cols, _quant.quantize_activations(x[None], CODE[name], bits=16)[0],
+                              bits=16) - exact
+    xq8 = _quant.quantize_activations(x[None], CODE[name])[0]
+    e8 = _quant.dot_rows_act(data, CODE[name], rows, cols, xq8) - exact
+    assert np.sqrt(np.mean(e16 ** 2)) * 100 < np.sqrt(np.mean(e8 ** 2))
+    with pytest.raises(AssertionError):
+        xq16 = _quant.quantize_activations(x[None], CODE[name], bits=16)[0]
+        assert_int_dot_close(e8 + exact, w, act16_values(xq16, cols), weight_mins(data, name, rows, cols))
+
+
+def test_int16_argument_checks():
+    data = _quant.quantize_q8_0(np.ones((2, 64), np.float32))
+    xq = _quant.quantize_activations(np.ones((1, 64), np.float32), CODE["Q8_0"], bits=16)[0]
+    with pytest.raises(ValueError, match="bits"):
+        _quant.quantize_activations(np.ones((1, 64), np.float32), CODE["Q8_0"], bits=12)
+    with pytest.raises(ValueError, match="xq must be"):
+        _quant.dot_rows_act(data, CODE["Q8_0"], 2, 64, xq)  # a 16-bit row read as 8-bit
+    want = _quant.dot_rows(data, CODE["Q8_0"], 2, 64, np.ones(64, np.float32))
+    np.testing.assert_allclose(_quant.dot_rows_act(data, CODE["Q8_0"], 2, 64, xq, bits=16), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+@pytest.mark.parametrize("M", [1, 2, 3, 4])
+def test_matmul_decode_path_int16(name, M, ops_simd):
+    from qwenc import _ops
+    assert _ops.ACTIVATIONS["int16"] == INT16
+    N, K = 37, 512
+    data = synthetic(name, N, K, seed=M + 10)
+    w = ref_dequantize(data, GT[name]).reshape(N, K)
+    rng = np.random.default_rng(M)
+    x = act_inputs(K, rng)[np.arange(M) % 3]
+    bias = rng.standard_normal(N).astype(np.float32)
+    y = np.empty((M, N), np.float32)
+    _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y, bias, INT16)
+    prev = _quant.set_simd(ops_simd)  # each extension module has its own switch
+    try:
+        xq = _quant.quantize_activations(x, CODE[name], bits=16)
+        for m in range(M):
+            xhat = act16_values(xq[m], K)
+            assert_int_dot_close(y[m] - bias, w, xhat, weight_mins(data, name, N, K))
+            # the same kernel, bit for bit
+            want = _quant.dot_rows_act(data, CODE[name], N, K, xq[m], bits=16) + bias
+            np.testing.assert_array_equal(y[m], want)
+    finally:
+        _quant.set_simd(prev)

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from real_model_quality import (WINDOW, Tally, compare_logits, load_reference, reference_logits,  # noqa: E402
-                                tally, text_windows)
+from real_model_quality import (WINDOW, Tally, compare_logits, decode_logits, load_reference,  # noqa: E402
+                                reference_logits, tally, text_windows)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -218,6 +218,30 @@ def test_reencoded_dtypes_stay_close(demo_gguf, dtype, long_window, ref_logits):
     print(f"\n{dtype} vs transformers float32: {q}")
     assert q.positions == WINDOW
     assert q.passes(MIN_AGREEMENT_REENCODED, MAX_KL_REENCODED), f"{dtype}: {q}"
+
+
+# ---------------------------------------------------------------- decode's activation modes
+
+# (mode, min top-1 agreement, max mean KL): f32 computes what transformers computes; int16 stays
+# within float-rounding distance of it; int8 trades a little agreement for speed.
+ACTIVATION_BOUNDS = [("f32", 0.99, 1e-10), ("int16", 0.99, 1e-6), ("int8", 0.97, 0.01)]
+
+
+@pytest.mark.parametrize("activations,min_agreement,max_kl", ACTIVATION_BOUNDS, ids=[b[0] for b in ACTIVATION_BOUNDS])
+def test_decode_activation_modes(demo_gguf, activations, min_agreement, max_kl, long_window, ref_logits):
+    """Logits computed token by token (decode's path, where the modes apply) over the first 256
+    positions of the cached window, against transformers. Each bound also rejects the next
+    cheaper mode (int16 fails f32's KL bound, int8 fails int16's), so the modes really differ."""
+    n = 256
+    model = qwenc.load(demo_gguf, context=n, activations=activations)
+    q = Tally()
+    q.add(*compare_logits(ref_logits(long_window)[:n], decode_logits(model, long_window[:n]), model.n_vocab))
+    print(f"\ndecode, activations {activations} vs transformers float32: {q}")
+    assert q.positions == n
+    assert q.passes(min_agreement, max_kl), f"{activations}: {q}"
+    i = [b[0] for b in ACTIVATION_BOUNDS].index(activations)
+    if i > 0:
+        assert not q.passes(*ACTIVATION_BOUNDS[i - 1][1:]), f"{activations} indistinguishable from the mode above: {q}"
 
 
 # ---------------------------------------------------------------- falsifiers

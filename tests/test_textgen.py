@@ -153,6 +153,19 @@ def test_cli_gen_streams_the_same_text(model, model_dir):
     assert "tok/s" in r.stderr and "prefill" in r.stderr
 
 
+def test_cli_gen_dtype_and_activations(model_dir):
+    """--dtype and --activations reach qwenc.load: the CLI's text equals the API's for the same
+    modes, and an unknown mode is refused by argparse."""
+    import qwenc
+    m = qwenc.load(model_dir, dtype="q8_0", activations="int8")
+    r = run_cli("gen", "-m", str(model_dir), "--dtype", "q8_0", "--activations", "int8",
+                "--temperature", "0", "-n", "10", "def add(a, b):")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == m.generate("def add(a, b):", max_tokens=10, **GREEDY) + "\n"
+    r = run_cli("gen", "-m", str(model_dir), "--activations", "int4", "hi")
+    assert r.returncode == 2 and "int4" in r.stderr
+
+
 def test_cli_gen_chat_flag_and_errors(model, model_dir):
     r = run_cli("gen", "-m", str(model_dir), "--chat", "--temperature", "0", "-n", "8", "hi")
     assert r.returncode == 0, r.stderr
