@@ -88,11 +88,19 @@ def test_rope_split_half_any_position(path, hd):
 
 
 def test_silu_mul_and_softmax(path):
-    g = rng.standard_normal(1000).astype(np.float32) * 5
-    u = rng.standard_normal(1000).astype(np.float32)
-    out = np.empty_like(g)
-    _ops.silu_mul(g, u, out)
-    np.testing.assert_allclose(out, g / (1 + np.exp(-g.astype(np.float64))) * u, rtol=1e-6, atol=1e-6)
+    # ordinary values, the saturated tails (|g| past the exp clamp), zeros and tiny values, in a
+    # length that is not a multiple of 8; then one long enough for the threaded path
+    extremes = np.array([0.0, -0.0, 1e-30, -1e-30, 20, -20, 87.5, -87.5, 88.5, -88.5, 100, -100, 1e4, -1e4],
+                        np.float32)
+    for n in (1003, 70001):
+        g = np.concatenate([extremes, rng.standard_normal(n - len(extremes)).astype(np.float32) * 8])
+        u = rng.standard_normal(n).astype(np.float32)
+        out = np.empty_like(g)
+        _ops.silu_mul(g, u, out)
+        g64 = g.astype(np.float64)
+        with np.errstate(over="ignore"):
+            want = g64 / (1 + np.exp(-g64)) * u
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-30)
     x = np.array([[1000.0, 999.0, -1000.0], [0.0, 0.0, 0.0]], np.float32)  # exp(1000) overflows
     _ops.softmax(x)
     e = np.exp(np.array([0.0, -1.0, -2000.0]))
@@ -124,6 +132,21 @@ def test_attention_gqa_causal(path, H, Hkv, T, start):
     out = np.empty_like(q)
     _ops.attention(q, K, V, start, hd ** -0.5, out)
     np.testing.assert_allclose(out, attention_reference(q, K, V, start, hd ** -0.5), atol=2e-5)
+
+
+@pytest.mark.parametrize("hd", [8, 12, 64, 80, 128, 256])
+@pytest.mark.parametrize("T,start", [(1, 0), (1, 3), (1, 300), (7, 0), (13, 290)])
+def test_attention_head_dims_and_lengths(path, hd, T, start):
+    """Head sizes that are and are not multiples of 8 (the AVX2 kernel takes 64 output columns
+    at a time, keys 4 and exponentials 8 at a time), contexts not a multiple of either."""
+    H, Hkv, cap = 6, 2, 320
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    K = (rng.standard_normal((Hkv, cap, hd)) * 2).astype(np.float32)
+    V = rng.standard_normal((Hkv, cap, hd)).astype(np.float32)
+    K[:, start // 2] *= 20  # one key far above the others: a peaked softmax, tiny weights elsewhere
+    out = np.empty_like(q)
+    _ops.attention(q, K, V, start, hd ** -0.5, out)
+    np.testing.assert_allclose(out, attention_reference(q, K, V, start, hd ** -0.5), atol=3e-5)
 
 
 def test_attention_large_scores_do_not_overflow(path):
