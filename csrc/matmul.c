@@ -19,65 +19,79 @@
 
 /* ---------------------------------------------------------------- small M: fused row dots */
 
-/* Float activations: each stored row widened on the fly and dotted with each X row. */
-static void matmul_rows_f32(const uint8_t *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M,
-                            float *Y, const float *bias) {
-    size_t stride = qw_row_bytes(dtype, K);
+/* Integer paths (quant.h): each X row quantized once to 16-bit or 8-bit act rows, then every
+ * weight row dotted with them on 8-bit integer multiplies. The act rows go to a buffer owned by
+ * the calling thread and grown on demand, so decode allocates nothing per token. */
+static _Thread_local uint8_t *act_buf;
+static _Thread_local size_t act_cap;
+
+/* The integer dot for `dtype` at `bits` (16 or 8), NULL when there is none (float types). */
+static qw_dot_act_fn int_kernel(int dtype, int bits) {
+    if (bits == 16) return qw_dot_act16_kernel(dtype);
+    if (bits == 8) return qw_dot_act_kernel(dtype);
+    return NULL;
+}
+
+/* X's M rows as act rows (one layout for every integer type), each on its own cache lines, in
+ * the thread's buffer; *stride = bytes per row. NULL when out of memory. */
+static const uint8_t *quantize_rows(int dtype, int bits, const float *X, int64_t M, int64_t K, size_t *stride) {
+    size_t bytes = bits == 16 ? qw_act16_bytes(dtype, K) : qw_act_bytes(dtype, K);
+    size_t act = (bytes + 63) & ~(size_t)63;
+    if (act * (size_t)M > act_cap) {
+        uint8_t *grown = aligned_alloc(64, act * (size_t)M);
+        if (!grown) return NULL;
+        free(act_buf);
+        act_buf = grown;
+        act_cap = act * (size_t)M;
+    }
+    for (int64_t m = 0; m < M; m++) {
+        if (bits == 16)
+            qw_quantize_act16(dtype, X + m * K, act_buf + (size_t)m * act, K);
+        else
+            qw_quantize_act(dtype, X + m * K, act_buf + (size_t)m * act, K);
+    }
+    *stride = act;
+    return act_buf;
+}
+
+/* Decode-sized products of one or more matrices with the same X, as one parallel loop over all
+ * their rows (q, k and v, or gate and up, in one pass: one fork/join and, on the integer paths,
+ * one quantization of X). Each row's dot is the same computation as for the matrix alone. */
+static void matmul_rows_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) {
+    int bits = act == QW_ACT_INT16 ? 16 : act == QW_ACT_INT8 ? 8 : 0;
+    qw_dot_act_fn idot[QW_GROUP_MAX];
+    size_t stride[QW_GROUP_MAX], xstride = 0;
+    int64_t start[QW_GROUP_MAX + 1];
+    const uint8_t *xq = NULL;
+    start[0] = 0;
+    for (int i = 0; i < count; i++) {
+        idot[i] = int_kernel(p[i].dtype, bits);
+        if (idot[i] && !xq) {
+            xq = quantize_rows(p[i].dtype, bits, X, M, K, &xstride);
+            if (!xq) bits = 0; /* out of memory: the float path for all */
+        }
+        stride[i] = qw_row_bytes(p[i].dtype, K);
+        start[i + 1] = start[i] + p[i].N;
+    }
+    if (!bits)
+        for (int i = 0; i < count; i++) idot[i] = NULL;
     /* Chunks handed out on demand, so that on a shared machine a descheduled thread's rows get
      * done by the others instead of stalling the whole product; guided, so that the first
      * chunks are long runs of rows (half the rows over the threads, then smaller, down to
      * ROW_CHUNK): a thread streaming one long run keeps the hardware prefetchers ahead of it,
      * where short interleaved chunks left decode's products at half the memory bandwidth. */
 #pragma omp parallel for schedule(guided, ROW_CHUNK)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *row = W + (size_t)n * stride;
-        float b = bias ? bias[n] : 0.0f;
-        for (int64_t m = 0; m < M; m++) Y[m * N + n] = qw_dot_row(dtype, row, X + m * K, K) + b;
+    for (int64_t r = 0; r < start[count]; r++) {
+        int i = 0;
+        while (r >= start[i + 1]) i++;
+        int64_t n = r - start[i];
+        const uint8_t *row = (const uint8_t *)p[i].W + (size_t)n * stride[i];
+        float b = p[i].bias ? p[i].bias[n] : 0.0f;
+        for (int64_t m = 0; m < M; m++) {
+            float v = idot[i] ? idot[i](row, xq + (size_t)m * xstride, K) : qw_dot_row(p[i].dtype, row, X + m * K, K);
+            p[i].Y[m * p[i].N + n] = v + b;
+        }
     }
-}
-
-/* Integer paths (quant.h): each X row quantized once to 16-bit or 8-bit act rows, then every
- * weight row dotted with them on 8-bit integer multiplies. The act rows go to a buffer owned by
- * the calling thread and grown on demand, so decode allocates nothing per token. 0 when it
- * cannot run (no memory): the caller then takes the float path. */
-static _Thread_local uint8_t *act_buf;
-static _Thread_local size_t act_cap;
-
-static int matmul_rows_int(const uint8_t *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M,
-                           float *Y, const float *bias, int bits) {
-    size_t stride = qw_row_bytes(dtype, K);
-    size_t bytes = bits == 16 ? qw_act16_bytes(dtype, K) : qw_act_bytes(dtype, K);
-    size_t act = (bytes + 63) & ~(size_t)63; /* each act row on its own lines */
-    qw_dot_act_fn dot = bits == 16 ? qw_dot_act16_kernel(dtype) : qw_dot_act_kernel(dtype);
-    if (!dot) return 0;
-    if (act * (size_t)M > act_cap) {
-        uint8_t *grown = aligned_alloc(64, act * (size_t)M);
-        if (!grown) return 0;
-        free(act_buf);
-        act_buf = grown;
-        act_cap = act * (size_t)M;
-    }
-    uint8_t *buf = act_buf;
-    for (int64_t m = 0; m < M; m++) {
-        if (bits == 16)
-            qw_quantize_act16(dtype, X + m * K, buf + (size_t)m * act, K);
-        else
-            qw_quantize_act(dtype, X + m * K, buf + (size_t)m * act, K);
-    }
-#pragma omp parallel for schedule(guided, ROW_CHUNK) /* as in matmul_rows_f32 */
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *row = W + (size_t)n * stride;
-        float b = bias ? bias[n] : 0.0f;
-        for (int64_t m = 0; m < M; m++) Y[m * N + n] = dot(row, buf + (size_t)m * act, K) + b;
-    }
-    return 1;
-}
-
-static void matmul_rows(const uint8_t *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M,
-                        float *Y, const float *bias, int act) {
-    if ((act == QW_ACT_INT16 || act == QW_ACT_INT8) && matmul_rows_int(W, dtype, N, K, X, M, Y, bias, act))
-        return;
-    matmul_rows_f32(W, dtype, N, K, X, M, Y, bias);
 }
 
 /* ---------------------------------------------------------------- large M: widened tiles */
@@ -201,8 +215,18 @@ static void matmul_tiled(const uint8_t *W, int dtype, int64_t N, int64_t K, cons
 
 void qw_matmul(const void *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M, float *Y,
                const float *bias, int act) {
-    if (M <= SMALL_M)
-        matmul_rows(W, dtype, N, K, X, M, Y, bias, act);
-    else
+    if (M <= SMALL_M) {
+        qw_product p = {W, dtype, N, Y, bias};
+        matmul_rows_group(&p, 1, K, X, M, act);
+    } else {
         matmul_tiled(W, dtype, N, K, X, M, Y, bias);
+    }
+}
+
+void qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) {
+    if (M <= SMALL_M && count <= QW_GROUP_MAX) {
+        matmul_rows_group(p, count, K, X, M, act);
+        return;
+    }
+    for (int i = 0; i < count; i++) qw_matmul(p[i].W, p[i].dtype, p[i].N, K, X, M, p[i].Y, p[i].bias, act);
 }

@@ -24,4 +24,19 @@
 void qw_matmul(const void *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M, float *Y,
                const float *bias, int act);
 
+/* One matrix of a group product: Y[M, N] = X · Wᵀ (+ bias), W of `dtype`. */
+typedef struct {
+    const void *W;
+    int dtype;
+    int64_t N;
+    float *Y;
+    const float *bias;
+} qw_product;
+
+/* The products of up to QW_GROUP_MAX matrices with the same X[M, K] (a layer's q, k and v, or
+ * gate and up): for decode-sized M, one parallel pass over all their rows, each row computed
+ * exactly as qw_matmul computes it; more matrices or larger M run one qw_matmul each. */
+#define QW_GROUP_MAX 4
+void qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act);
+
 #endif

@@ -25,6 +25,14 @@ cdef extern from "quant.h":
 cdef extern from "matmul.h":
     void qw_matmul(const void *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M, float *Y,
                    const float *bias, int act) nogil
+    ctypedef struct qw_product:
+        const void *W
+        int dtype
+        int64_t N
+        float *Y
+        const float *bias
+    int QW_GROUP_MAX
+    void qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) nogil
 
 cdef extern from "ops.h":
     void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) nogil
@@ -72,6 +80,25 @@ def set_threads(int n):
 ACTIVATIONS = {"f32": 0, "int16": 16, "int8": 8}  # matmul.h's QW_ACT_* codes
 
 
+cdef _check_product(const uint8_t[::1] W, int dtype, int64_t N, int64_t K, int64_t M, float[:, ::1] Y,
+                    const float[::1] bias):
+    if not qw_dtype_supported(dtype):
+        raise ValueError(f"unsupported weight type {dtype}")
+    if K % qw_block_size(dtype) != 0:
+        raise ValueError(f"row length {K} is not a multiple of the block size {qw_block_size(dtype)}")
+    if <size_t>W.shape[0] < qw_row_bytes(dtype, K) * N:
+        raise ValueError("weight buffer too small for its shape")
+    if Y.shape[0] != M or Y.shape[1] != N:
+        raise ValueError(f"shape mismatch: X {M}x{K}, W {N}x{K}, Y {Y.shape[0]}x{Y.shape[1]}")
+    if bias is not None and bias.shape[0] != N:
+        raise ValueError("bias length differs from the output size")
+
+
+def _check_act(int act):
+    if act not in (0, 8, 16):
+        raise ValueError(f"unknown activation code {act}")
+
+
 def matmul(const uint8_t[::1] W, int dtype, int64_t N, int64_t K, const float[:, ::1] X,
            float[:, ::1] Y, const float[::1] bias=None, int act=0):
     """Y[M, N] = X[M, K] @ W.T (+ bias), W being N stored rows of K elements of type dtype.
@@ -79,23 +106,43 @@ def matmul(const uint8_t[::1] W, int dtype, int64_t N, int64_t K, const float[:,
     act: a code of ACTIVATIONS: float activations, or 16-bit or 8-bit act rows and integer dots
     in decode-sized products over block-quantized weights (see matmul.h)."""
     cdef int64_t M = X.shape[0]
-    if act not in (0, 8, 16):
-        raise ValueError(f"unknown activation code {act}")
-    if not qw_dtype_supported(dtype):
-        raise ValueError(f"unsupported weight type {dtype}")
-    if K % qw_block_size(dtype) != 0:
-        raise ValueError(f"row length {K} is not a multiple of the block size {qw_block_size(dtype)}")
-    if <size_t>W.shape[0] < qw_row_bytes(dtype, K) * N:
-        raise ValueError("weight buffer too small for its shape")
-    if X.shape[1] != K or Y.shape[0] != M or Y.shape[1] != N:
-        raise ValueError(f"shape mismatch: X {X.shape[0]}x{X.shape[1]}, W {N}x{K}, Y {Y.shape[0]}x{Y.shape[1]}")
-    if bias is not None and bias.shape[0] != N:
-        raise ValueError("bias length differs from the output size")
+    _check_act(act)
+    if X.shape[1] != K:
+        raise ValueError(f"shape mismatch: X {X.shape[0]}x{X.shape[1]}, W {N}x{K}")
+    _check_product(W, dtype, N, K, M, Y, bias)
     cdef const float *b = &bias[0] if bias is not None else NULL
     if M == 0:
         return
     with nogil:
         qw_matmul(&W[0], dtype, N, K, &X[0, 0], M, &Y[0, 0], b, act)
+
+
+def matmul_group(products, const float[:, ::1] X, int act=0):
+    """For each (W, dtype, N, Y, bias) in products: Y[M, N] = X @ W.T (+ bias), every W with
+    X's row length. Decode-sized products run as one parallel pass over all the matrices' rows
+    (a layer's q, k, v; gate, up), each row exactly as matmul computes it."""
+    cdef int64_t M = X.shape[0], K = X.shape[1]
+    cdef qw_product p[4]  # QW_GROUP_MAX
+    cdef const uint8_t[::1] w
+    cdef float[:, ::1] y
+    cdef const float[::1] b
+    cdef int i, count = len(products)
+    _check_act(act)
+    if count < 1 or count > min(QW_GROUP_MAX, 4):
+        raise ValueError(f"a group holds 1 to {QW_GROUP_MAX} products, got {count}")
+    for i in range(count):
+        W, dtype, N, Y, bias = products[i]
+        w, y, b = W, Y, bias
+        _check_product(w, dtype, N, K, M, y, b)
+        p[i].W = &w[0]
+        p[i].dtype = dtype
+        p[i].N = N
+        p[i].Y = &y[0, 0] if M > 0 else NULL
+        p[i].bias = &b[0] if b is not None else NULL
+    if M == 0:
+        return
+    with nogil:
+        qw_matmul_group(p, count, K, &X[0, 0], M, act)
 
 
 def embed(const uint8_t[::1] E, int dtype, int64_t V, int64_t D, const int32_t[::1] ids, float[:, ::1] out):

@@ -50,6 +50,11 @@ class Linear:
         _ops.matmul(w.data, w.dtype, w.shape[0], w.shape[1], x, out, self.bias, act)
         return out
 
+    def product(self, out: np.ndarray):
+        """This layer's part of a group product (_ops.matmul_group) writing into out."""
+        w = self.weight
+        return (w.data, w.dtype, w.shape[0], out, self.bias)
+
 
 @dataclass
 class Layer:
@@ -240,9 +245,8 @@ class Model:
         cfg = self.config
         T, hd = ws.T, cfg.head_dim
         _ops.rmsnorm(ws.x, layer.attn_norm, cfg.rms_norm_eps, ws.h)
-        layer.q(ws.h, ws.q, self._act)
-        layer.k(ws.h, ws.k, self._act)
-        layer.v(ws.h, ws.v, self._act)
+        # q, k, v (then gate, up) read the same x: one pass over all their rows
+        _ops.matmul_group([layer.q.product(ws.q), layer.k.product(ws.k), layer.v.product(ws.v)], ws.h, self._act)
         q = ws.q.reshape(T, cfg.num_heads, hd)
         k = ws.k.reshape(T, cfg.num_kv_heads, hd)
         if layer.q_norm is not None:
@@ -259,8 +263,7 @@ class Model:
         layer.o(ws.attn, ws.o, self._act)
         ws.x += ws.o
         _ops.rmsnorm(ws.x, layer.mlp_norm, cfg.rms_norm_eps, ws.h)
-        layer.gate(ws.h, ws.gate, self._act)
-        layer.up(ws.h, ws.up, self._act)
+        _ops.matmul_group([layer.gate.product(ws.gate), layer.up.product(ws.up)], ws.h, self._act)
         g = ws.gate.reshape(-1)
         _ops.silu_mul(g, ws.up.reshape(-1), g)
         layer.down(ws.gate, ws.o, self._act)

@@ -76,6 +76,47 @@ def rope_reference(x, pos, inv_freq):
     return x * cos + rot * sin
 
 
+@pytest.mark.parametrize("act", [0, 8, 16], ids=["f32", "int8", "int16"])
+@pytest.mark.parametrize("M", [1, 3, 4, 6])
+def test_matmul_group_equals_separate_products(path, act, M):
+    """q/k/v-style group products (mixed weight types, with and without bias) give, bit for bit,
+    what one matmul per matrix gives, on both paths and in every activation mode."""
+    from qwenc import _quant
+    K = 256
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    q8 = _quant.quantize_q8_0(rng.standard_normal((40, K)).astype(np.float32)).reshape(-1)
+    f32_raw, _ = encode(rng.standard_normal((24, K)).astype(np.float32), F32)
+    bf_raw, _ = encode(rng.standard_normal((8, K)).astype(np.float32), BF16)
+    q8b = _quant.quantize_q8_0(rng.standard_normal((72, K)).astype(np.float32)).reshape(-1)
+    mats = [(q8, 8, 40, rng.standard_normal(40).astype(np.float32)), (f32_raw, F32, 24, None),
+            (bf_raw, BF16, 8, rng.standard_normal(8).astype(np.float32)), (q8b, 8, 72, None)]
+    for count in (1, 2, 3, 4):
+        group = mats[:count]
+        outs = [np.full((M, n), np.nan, np.float32) for _, _, n, _ in group]
+        _ops.matmul_group([(w, dt, n, o, b) for (w, dt, n, b), o in zip(group, outs)], x, act)
+        for (w, dt, n, b), o in zip(group, outs):
+            want = np.empty((M, n), np.float32)
+            _ops.matmul(w, dt, n, K, x, want, b, act)
+            np.testing.assert_array_equal(o, want)
+
+
+def test_matmul_group_rejects_bad_groups():
+    K = 64
+    x = np.zeros((1, K), np.float32)
+    w, _ = encode(np.zeros((4, K), np.float32), F32)
+    y = np.empty((1, 4), np.float32)
+    with pytest.raises(ValueError, match="group"):
+        _ops.matmul_group([], x)
+    with pytest.raises(ValueError, match="group"):
+        _ops.matmul_group([(w, F32, 4, y, None)] * 5, x)
+    with pytest.raises(ValueError, match="too small"):
+        _ops.matmul_group([(w, F32, 4, y, None), (w[:-4], F32, 4, y, None)], x)
+    with pytest.raises(ValueError, match="shape"):
+        _ops.matmul_group([(w, F32, 4, np.empty((2, 4), np.float32), None)], x)
+    with pytest.raises(ValueError, match="activation"):
+        _ops.matmul_group([(w, F32, 4, y, None)], x, 5)
+
+
 @pytest.mark.parametrize("hd", [16, 64, 128])
 def test_rope_split_half_any_position(path, hd):
     theta = 1e6
