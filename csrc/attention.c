@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "vecmath.h"
 
 #if QW_HAVE_X86
 #include <immintrin.h>
@@ -54,24 +55,6 @@ static void attend_one_plain(const float *q, const float *Kh, const float *Vh, i
 }
 
 #if QW_HAVE_X86
-/* e^x for 8 floats (x <= 0 here: scores minus their max), ~1 ulp; as exp8 in ops.c. */
-QW_TARGET_AVX2 static inline __m256 exp8_att(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f)); /* e^-87 ~ 1.6e-38: negligible beside e^0 = 1 */
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 /* The same, vectorized where hd is a multiple of 8: scores 4 keys at a time (their 4 sums
  * reduced together), the exponentials 8 at a time, and the weighted sum of values 64 output
  * columns at a time, kept in registers across all keys. */
@@ -107,7 +90,7 @@ QW_TARGET_AVX2 static void attend_one_avx2(const float *q, const float *Kh, cons
     __m256d sum4 = _mm256_setzero_pd();
     j = 0;
     for (; j + 8 <= len; j += 8) {
-        __m256 e = exp8_att(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vm));
+        __m256 e = qw_exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vm));
         _mm256_storeu_ps(scores + j, e);
         sum4 = _mm256_add_pd(sum4, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         sum4 = _mm256_add_pd(sum4, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));

@@ -4,10 +4,7 @@
 
 #include "cpu.h"
 #include "quant.h"
-
-#if QW_HAVE_X86
-#include <immintrin.h>
-#endif
+#include "vecmath.h"
 
 void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) {
 #pragma omp parallel for schedule(static) if (M * D > 65536)
@@ -47,33 +44,12 @@ static void silu_mul_plain(const float *gate, const float *up, int64_t n, float 
 }
 
 #if QW_HAVE_X86
-/* e^x for 8 floats, to about 1 ulp: 2^n times a degree-7 polynomial of the remainder
- * r = x - n ln 2 (ln 2 split in two so r is exact), the classic Cephes expf scheme. x is clamped
- * to [-87, 88] first, where 2^n stays a normal float: SiLU only needs e^-g to saturate, and
- * g / (1 + e^-g) is then 0 or g to float precision either way. */
-QW_TARGET_AVX2 static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 QW_TARGET_AVX2 static void silu_mul_avx2(const float *gate, const float *up, int64_t n, float *out) {
     int64_t i = 0;
     const __m256 one = _mm256_set1_ps(1.0f);
     for (; i + 8 <= n; i += 8) {
         __m256 g = _mm256_loadu_ps(gate + i);
-        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        __m256 e = qw_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
     }
     silu_mul_plain(gate + i, up + i, n - i, out + i);

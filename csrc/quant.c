@@ -1768,17 +1768,19 @@ void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n) {
     quantize_act_plain(x, dst, n);
 }
 
+/* The integer dots per type: [8-bit, 16-bit][plain, AVX2]. */
 #if QW_HAVE_X86
-#define DOTQ_PAIR(T) {dotq_##T, dotq_##T##_avx2}
+#define DOTQ_KERNELS(T) {{dotq_##T, dotq_##T##_avx2}, {dotq16_##T, dotq16_##T##_avx2}}
 #else
-#define DOTQ_PAIR(T) {dotq_##T, dotq_##T}
+#define DOTQ_KERNELS(T) {{dotq_##T, dotq_##T}, {dotq16_##T, dotq16_##T}}
 #endif
 
-qw_dot_act_fn qw_dot_act_kernel(int dtype) {
-    static const qw_dot_act_fn q4_0[2] = DOTQ_PAIR(q4_0), q4_1[2] = DOTQ_PAIR(q4_1), q5_0[2] = DOTQ_PAIR(q5_0),
-                               q5_1[2] = DOTQ_PAIR(q5_1), q8_0[2] = DOTQ_PAIR(q8_0), q4_k[2] = DOTQ_PAIR(q4_k),
-                               q5_k[2] = DOTQ_PAIR(q5_k), q6_k[2] = DOTQ_PAIR(q6_k);
-    const qw_dot_act_fn *k;
+static qw_dot_act_fn act_kernel(int dtype, int sixteen) {
+    static const qw_dot_act_fn q4_0[2][2] = DOTQ_KERNELS(q4_0), q4_1[2][2] = DOTQ_KERNELS(q4_1),
+                               q5_0[2][2] = DOTQ_KERNELS(q5_0), q5_1[2][2] = DOTQ_KERNELS(q5_1),
+                               q8_0[2][2] = DOTQ_KERNELS(q8_0), q4_k[2][2] = DOTQ_KERNELS(q4_k),
+                               q5_k[2][2] = DOTQ_KERNELS(q5_k), q6_k[2][2] = DOTQ_KERNELS(q6_k);
+    const qw_dot_act_fn(*k)[2];
     switch (dtype) {
     case QW_Q4_0: k = q4_0; break;
     case QW_Q4_1: k = q4_1; break;
@@ -1790,8 +1792,12 @@ qw_dot_act_fn qw_dot_act_kernel(int dtype) {
     case QW_Q6_K: k = q6_k; break;
     default: return NULL;
     }
-    return k[qw_use_avx2() ? 1 : 0];
+    return k[sixteen ? 1 : 0][qw_use_avx2() ? 1 : 0];
 }
+
+qw_dot_act_fn qw_dot_act_kernel(int dtype) { return act_kernel(dtype, 0); }
+
+qw_dot_act_fn qw_dot_act16_kernel(int dtype) { return act_kernel(dtype, 1); }
 
 float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n) {
     qw_dot_act_fn k = qw_dot_act_kernel(dtype);
@@ -1807,32 +1813,6 @@ void qw_quantize_act16(int dtype, const float *x, void *dst, int64_t n) {
     }
 #endif
     quantize_act16_plain(x, dst, n);
-}
-
-#if QW_HAVE_X86
-#define DOTQ16_PAIR(T) {dotq16_##T, dotq16_##T##_avx2}
-#else
-#define DOTQ16_PAIR(T) {dotq16_##T, dotq16_##T}
-#endif
-
-qw_dot_act_fn qw_dot_act16_kernel(int dtype) {
-    static const qw_dot_act_fn q4_0[2] = DOTQ16_PAIR(q4_0), q4_1[2] = DOTQ16_PAIR(q4_1),
-                               q5_0[2] = DOTQ16_PAIR(q5_0), q5_1[2] = DOTQ16_PAIR(q5_1),
-                               q8_0[2] = DOTQ16_PAIR(q8_0), q4_k[2] = DOTQ16_PAIR(q4_k),
-                               q5_k[2] = DOTQ16_PAIR(q5_k), q6_k[2] = DOTQ16_PAIR(q6_k);
-    const qw_dot_act_fn *k;
-    switch (dtype) {
-    case QW_Q4_0: k = q4_0; break;
-    case QW_Q4_1: k = q4_1; break;
-    case QW_Q5_0: k = q5_0; break;
-    case QW_Q5_1: k = q5_1; break;
-    case QW_Q8_0: k = q8_0; break;
-    case QW_Q4_K: k = q4_k; break;
-    case QW_Q5_K: k = q5_k; break;
-    case QW_Q6_K: k = q6_k; break;
-    default: return NULL;
-    }
-    return k[qw_use_avx2() ? 1 : 0];
 }
 
 float qw_dot_row_act16(int dtype, const void *row, const void *xq, int64_t n) {
