@@ -175,24 +175,36 @@ def first_divergence(ours, theirs, ref_step_logits, tie_gap=TIE_GAP):
     return len(ours), None
 
 
-def test_greedy_continuations_match(ours, ref):
+@pytest.fixture(scope="module")
+def greedy_reference(ours, ref):
+    """The prompts, and transformers' greedy tokens and per-step logits for them."""
     prompts = _prompt_ids(ours)
-    assert len(prompts) >= 10
     theirs, logits = _reference_greedy(ref, prompts, GREEDY_TOKENS)
+    return prompts, theirs, logits
+
+
+@pytest.mark.parametrize("activations", ["f32", "int16"])
+def test_greedy_continuations_match(demo_gguf, ours, greedy_reference, activations):
+    """The default (f32) and the int16 decode modes continue every prompt as transformers does,
+    parting only at a near-tie."""
+    model = ours if activations == "f32" else qwenc.load(demo_gguf, context=1024, activations=activations)
+    prompts, theirs, logits = greedy_reference
+    assert len(prompts) >= 10
     lines, identical, failures = [], 0, []
     for (label, ids), ref_tokens, ref_steps in zip(prompts, theirs, logits):
-        mine = list(ours.generate_tokens(ids, max_tokens=GREEDY_TOKENS, temperature=0, repetition_penalty=1.0,
-                                         stop_token_ids=[]))
+        mine = list(model.generate_tokens(ids, max_tokens=GREEDY_TOKENS, temperature=0, repetition_penalty=1.0,
+                                          stop_token_ids=[]))
         assert len(mine) == GREEDY_TOKENS
         try:
-            same, gap = first_divergence(mine, ref_tokens, ref_steps[:, :ours.n_vocab])
+            same, gap = first_divergence(mine, ref_tokens, ref_steps[:, :model.n_vocab])
         except AssertionError as exc:
             failures.append(f"{label[:50]!r}: {exc}")
             continue
         identical += gap is None
         lines.append(f"{label[:50]!r}: " + ("identical" if gap is None else f"near-tie at step {same} (gap {gap:.2g})")
-                     + f" -> {ours.tokenizer.decode(mine[:12])!r}...")
-    report = f"{identical}/{len(prompts)} identical over {GREEDY_TOKENS} tokens\n  " + "\n  ".join(lines + failures)
+                     + f" -> {model.tokenizer.decode(mine[:12])!r}...")
+    report = (f"{activations}: {identical}/{len(prompts)} identical over {GREEDY_TOKENS} tokens\n  "
+              + "\n  ".join(lines + failures))
     print("\n" + report)
     assert not failures, report
     assert identical >= 10, report
