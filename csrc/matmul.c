@@ -25,18 +25,10 @@
 static _Thread_local uint8_t *act_buf;
 static _Thread_local size_t act_cap;
 
-/* The integer dot for `dtype` at `bits` (16 or 8), NULL when there is none (float types). */
-static qw_dot_act_fn int_kernel(int dtype, int bits) {
-    if (bits == 16) return qw_dot_act16_kernel(dtype);
-    if (bits == 8) return qw_dot_act_kernel(dtype);
-    return NULL;
-}
-
 /* X's M rows as act rows (one layout for every integer type), each on its own cache lines, in
  * the thread's buffer; *stride = bytes per row. NULL when out of memory. */
 static const uint8_t *quantize_rows(int dtype, int bits, const float *X, int64_t M, int64_t K, size_t *stride) {
-    size_t bytes = bits == 16 ? qw_act16_bytes(dtype, K) : qw_act_bytes(dtype, K);
-    size_t act = (bytes + 63) & ~(size_t)63;
+    size_t act = (qw_act_bytes(dtype, K, bits) + 63) & ~(size_t)63;
     if (act * (size_t)M > act_cap) {
         uint8_t *grown = aligned_alloc(64, act * (size_t)M);
         if (!grown) return NULL;
@@ -44,12 +36,7 @@ static const uint8_t *quantize_rows(int dtype, int bits, const float *X, int64_t
         act_buf = grown;
         act_cap = act * (size_t)M;
     }
-    for (int64_t m = 0; m < M; m++) {
-        if (bits == 16)
-            qw_quantize_act16(dtype, X + m * K, act_buf + (size_t)m * act, K);
-        else
-            qw_quantize_act(dtype, X + m * K, act_buf + (size_t)m * act, K);
-    }
+    for (int64_t m = 0; m < M; m++) qw_quantize_act(dtype, X + m * K, act_buf + (size_t)m * act, K, bits);
     *stride = act;
     return act_buf;
 }
@@ -58,14 +45,14 @@ static const uint8_t *quantize_rows(int dtype, int bits, const float *X, int64_t
  * their rows (q, k and v, or gate and up, in one pass: one fork/join and, on the integer paths,
  * one quantization of X). Each row's dot is the same computation as for the matrix alone. */
 static void matmul_rows_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) {
-    int bits = act == QW_ACT_INT16 ? 16 : act == QW_ACT_INT8 ? 8 : 0;
+    int bits = act; /* QW_ACT_INT8 / QW_ACT_INT16 are the act rows' bits; QW_ACT_F32 is 0 */
     qw_dot_act_fn idot[QW_GROUP_MAX];
     size_t stride[QW_GROUP_MAX], xstride = 0;
     int64_t start[QW_GROUP_MAX + 1];
     const uint8_t *xq = NULL;
     start[0] = 0;
     for (int i = 0; i < count; i++) {
-        idot[i] = int_kernel(p[i].dtype, bits);
+        idot[i] = bits ? qw_dot_act_kernel(p[i].dtype, bits) : NULL;
         if (idot[i] && !xq) {
             xq = quantize_rows(p[i].dtype, bits, X, M, K, &xstride);
             if (!xq) bits = 0; /* out of memory: the float path for all */

@@ -16,7 +16,7 @@
  * and integer dots: products within ~1e-5 of float arithmetic at a fraction of its work.
  * QW_ACT_INT8: 8-bit act rows, the least work, but an activation error of up to 1/254 of the
  * block's largest value, enough to flip a near-tie between two tokens. Float weights and the
- * large-M path ignore it. */
+ * large-M path ignore it. The integer codes are the act rows' bits (quant.h). */
 #define QW_ACT_F32 0
 #define QW_ACT_INT8 8
 #define QW_ACT_INT16 16

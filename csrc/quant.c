@@ -862,14 +862,19 @@ QW_TARGET_AVX2 static float dot_q5_1_avx2(const void *row, const float *x, int64
     return hsum256(acc);
 }
 
-/* Q4_K/Q5_K: the 8 d * sc (dl) and dmin * m (ml) of a super-block. The 12 scale bytes are
- * unpacked four at a time in 32-bit words (the first four 6-bit values are the low bits of words
- * 0 and 1; the last four are nibbles of word 2 plus the top two bits of words 0 and 1), then
- * widened and scaled as vectors. */
-QW_TARGET_AVX2 static inline void kquant_scales_dot(const uint8_t *b, float *dl, float *ml) {
+/* Q4_K/Q5_K: the 8 6-bit scales (*sc) and mins (*m) of a super-block, one per byte. The 12 scale
+ * bytes are unpacked four at a time in 32-bit words (the first four 6-bit values are the low bits
+ * of words 0 and 1; the last four are nibbles of word 2 plus the top two bits of words 0 and 1). */
+static inline void kquant_scale_bytes(const uint8_t *b, uint64_t *sc, uint64_t *m) {
     uint32_t w0 = rd_u32(b + 4), w1 = rd_u32(b + 8), w2 = rd_u32(b + 12);
-    uint64_t sc = (w0 & 0x3F3F3F3Fu) | (uint64_t)((w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u)) << 32;
-    uint64_t m = (w1 & 0x3F3F3F3Fu) | (uint64_t)(((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u)) << 32;
+    *sc = (w0 & 0x3F3F3F3Fu) | (uint64_t)((w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u)) << 32;
+    *m = (w1 & 0x3F3F3F3Fu) | (uint64_t)(((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u)) << 32;
+}
+
+/* Q4_K/Q5_K: the 8 d * sc (dl) and dmin * m (ml) of a super-block, widened and scaled as vectors. */
+QW_TARGET_AVX2 static inline void kquant_scales_dot(const uint8_t *b, float *dl, float *ml) {
+    uint64_t sc, m;
+    kquant_scale_bytes(b, &sc, &m);
     __m256 vsc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
     __m256 vm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m)));
     _mm256_storeu_ps(dl, _mm256_mul_ps(vsc, f16_bcast(b)));
@@ -1066,12 +1071,10 @@ static int has_int_dot(int dtype) {
 #define ACT_S(xq, n) (ACT_D(xq, n) + (n) / QK)
 #define ACT_BSUMS(xq, n) ((const int16_t *)(ACT_S(xq, n) + (n) / QK))
 
-size_t qw_act_bytes(int dtype, int64_t n) {
-    if (!has_int_dot(dtype) || n % QK) return 0;
-    return ACT_HALF(n);
+size_t qw_act_bytes(int dtype, int64_t n, int bits) {
+    if (!has_int_dot(dtype) || n % QK || (bits != 8 && bits != 16)) return 0;
+    return bits == 16 ? 2 * ACT_HALF(n) : ACT_HALF(n);
 }
-
-size_t qw_act16_bytes(int dtype, int64_t n) { return 2 * qw_act_bytes(dtype, n); }
 
 /* Below this max|x| a block is quantized to zeros: 1 / d would overflow for some such blocks. */
 #define ACT_TINY 1e-30f
@@ -1471,6 +1474,23 @@ QW_DOTQ32_AVX2(dotq_q8_0_avx2, 34, codes_q8_0, dot_ss, 0, 0)
 
 /* ---- k-quants: a super-block is 8 act blocks */
 
+/* The unsigned codes of sub-blocks 2c (*lo) and 2c + 1 (*hi) of a Q4_K/Q5_K super-block, 32
+ * bytes each: the low and high nibbles of 32-byte chunk c of qs. For Q5_K (h not NULL), *h holds
+ * the qh bytes shifted right by 2c: their bits 0 and 1 are the fifth bits, and it is shifted on
+ * for the next chunk. */
+QW_TARGET_AVX2 static inline void kquant_ucodes(const uint8_t *qs, int c, __m256i *h, __m256i *lo, __m256i *hi) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+    __m256i v = load32(qs + 32 * c);
+    *lo = _mm256_and_si256(v, low4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    if (h) {
+        /* the 16-bit shifts are safe because only bit 4 of each byte is kept */
+        *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_slli_epi16(*h, 4), bit4));
+        *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_slli_epi16(*h, 3), bit4));
+        *h = _mm256_srli_epi16(*h, 2);
+    }
+}
+
 /* Q4_K/Q5_K super-block (qh NULL for Q4_K). Per 32-byte chunk c of qs: low nibbles are
  * sub-block 2c, high nibbles 2c + 1. The 8 sub-blocks' exact sums q . x (block_sums8) times
  * their scales (vpmulld) make one int32 vector; it is widened and multiplied by d * dx_j. The
@@ -1478,23 +1498,11 @@ QW_DOTQ32_AVX2(dotq_q8_0_avx2, 34, codes_q8_0, dot_ss, 0, 0)
 QW_TARGET_AVX2 static inline void dotq_kquant_4_5_avx2(const uint8_t *b, const uint8_t *qs, const uint8_t *qh,
                                                       const int8_t *x, const float *xd, const float *xs,
                                                       __m256 *acc, __m256 *macc) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    uint32_t w0 = rd_u32(b + 4), w1 = rd_u32(b + 8), w2 = rd_u32(b + 12);
-    uint64_t sc = (w0 & 0x3F3F3F3Fu) | (uint64_t)((w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u)) << 32;
-    uint64_t m = (w1 & 0x3F3F3F3Fu) | (uint64_t)(((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u)) << 32;
-    __m256i p[8];
-    __m256i h = qh ? load32(qh) : _mm256_setzero_si256();
+    uint64_t sc, m;
+    kquant_scale_bytes(b, &sc, &m);
+    __m256i p[8], lo, hi, h = qh ? load32(qh) : _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
-        __m256i v = load32(qs + 32 * c);
-        __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        if (qh) {
-            /* bits 2c and 2c + 1 of each qh byte (now bits 0 and 1 of h) to bit 4; the 16-bit
-             * shifts are safe because only bit 4 of each byte is kept */
-            const __m256i bit4 = _mm256_set1_epi8(0x10);
-            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
-            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
-            h = _mm256_srli_epi16(h, 2);
-        }
+        kquant_ucodes(qs, c, qh ? &h : NULL, &lo, &hi);
         p[2 * c] = dot_us(lo, x + 64 * c);
         p[2 * c + 1] = dot_us(hi, x + 64 * c + 32);
     }
@@ -1539,6 +1547,25 @@ QW_TARGET_AVX2 static inline __m256i q6k_ucodes(const uint8_t *ql, __m256i h, in
     return _mm256_or_si256(_mm256_and_si256(l, low4), _mm256_and_si256(h, bits45));
 }
 
+/* The int16 scales the pair sums of Q6_K chunk k (of a half) take in vpmaddwd: values 0-15 of
+ * the chunk take the half's scale 2k, values 16-31 scale 2k + 1 (one per 128-bit lane). sch: the
+ * half's 8 scales as int16 in both lanes. */
+QW_TARGET_AVX2 static inline __m256i q6k_chunk_scales(__m256i sch, int k) {
+    __m256i sel = _mm256_set_m128i(_mm_set1_epi16((short)(0x0101 * (4 * k + 2) + 0x0100)),
+                                   _mm_set1_epi16((short)(0x0101 * 4 * k + 0x0100)));
+    return _mm256_shuffle_epi8(sch, sel);
+}
+
+/* The 16 scales of a Q6_K super-block as int16. */
+QW_TARGET_AVX2 static inline __m256i q6k_scales16(const uint8_t *b) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+}
+
+/* Half hf's 8 scales (of sc16) in both 128-bit lanes. */
+QW_TARGET_AVX2 static inline __m256i q6k_half_scales(__m256i sc16, int hf) {
+    return _mm256_permute2x128_si256(sc16, sc16, hf ? 0x11 : 0x00);
+}
+
 /* Q6_K: unsigned codes q = c + 32 times x, each 16-value group's pair sums multiplied by its
  * scale in vpmaddwd (a 32-value chunk spans two groups, one per 128-bit lane); the 8 chunks'
  * exact sums less 32 * (sc_a bsum_a + sc_b bsum_b), then widened and multiplied by d * dx_j. */
@@ -1549,19 +1576,13 @@ QW_TARGET_AVX2 static float dotq_q6_k_avx2(const void *row, const void *xq, int6
     const int16_t *bs = ACT_BSUMS(xq, n);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QKK; i++, b += 210, x += QKK, xd += 8, bs += 16) {
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-        __m256i p[8];
+        __m256i sc16 = q6k_scales16(b), p[8];
         for (int hf = 0; hf < 2; hf++) {
-            /* the half's 8 scales in both 128-bit lanes */
-            __m256i sch = _mm256_permute2x128_si256(sc16, sc16, hf ? 0x11 : 0x00);
-            __m256i h = load32(b + 128 + 32 * hf);
+            __m256i sch = q6k_half_scales(sc16, hf), h = load32(b + 128 + 32 * hf);
             for (int k = 0; k < 4; k++) {
                 __m256i q = q6k_ucodes(b + 64 * hf, h, k);
                 __m256i pq = _mm256_maddubs_epi16(q, load32(x + 128 * hf + 32 * k));
-                /* values 0-15 of the chunk take scale 2k of the half, values 16-31 scale 2k + 1 */
-                __m256i sel = _mm256_set_m128i(_mm_set1_epi16((short)(0x0101 * (4 * k + 2) + 0x0100)),
-                                               _mm_set1_epi16((short)(0x0101 * 4 * k + 0x0100)));
-                p[4 * hf + k] = _mm256_madd_epi16(pq, _mm256_shuffle_epi8(sch, sel));
+                p[4 * hf + k] = _mm256_madd_epi16(pq, q6k_chunk_scales(sch, k));
             }
         }
         __m256i offs = _mm256_slli_epi32(_mm256_madd_epi16(load32(bs), sc16), 5);
@@ -1681,21 +1702,11 @@ QW_TARGET_AVX2 static inline void dotq16_kquant_4_5_avx2(const uint8_t *b, const
                                                         const int8_t *x, const int8_t *y, const float *xd,
                                                         const float *xs, const float *ys, __m256 *acc,
                                                         __m256 *macc) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    uint32_t w0 = rd_u32(b + 4), w1 = rd_u32(b + 8), w2 = rd_u32(b + 12);
-    uint64_t sc = (w0 & 0x3F3F3F3Fu) | (uint64_t)((w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u)) << 32;
-    uint64_t m = (w1 & 0x3F3F3F3Fu) | (uint64_t)(((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u)) << 32;
-    __m256i p[8];
-    __m256i h = qh ? load32(qh) : _mm256_setzero_si256();
+    uint64_t sc, m;
+    kquant_scale_bytes(b, &sc, &m);
+    __m256i p[8], lo, hi, h = qh ? load32(qh) : _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
-        __m256i v = load32(qs + 32 * c);
-        __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        if (qh) {
-            const __m256i bit4 = _mm256_set1_epi8(0x10);
-            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
-            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
-            h = _mm256_srli_epi16(h, 2);
-        }
+        kquant_ucodes(qs, c, qh ? &h : NULL, &lo, &hi);
         p[2 * c] = dot2_us(lo, x + 64 * c, y + 64 * c);
         p[2 * c + 1] = dot2_us(hi, x + 64 * c + 32, y + 64 * c + 32);
     }
@@ -1730,16 +1741,11 @@ QW_TARGET_AVX2 static float dotq16_q6_k_avx2(const void *row, const void *xq, in
     const int16_t *bs = ACT_BSUMS(x, n), *bs2 = ACT_BSUMS(y, n);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QKK; i++, b += 210, x += QKK, y += QKK, xd += 8, bs += 16, bs2 += 16) {
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-        __m256i p[8], p2[8];
+        __m256i sc16 = q6k_scales16(b), p[8], p2[8];
         for (int hf = 0; hf < 2; hf++) {
-            __m256i sch = _mm256_permute2x128_si256(sc16, sc16, hf ? 0x11 : 0x00);
-            __m256i h = load32(b + 128 + 32 * hf);
+            __m256i sch = q6k_half_scales(sc16, hf), h = load32(b + 128 + 32 * hf);
             for (int k = 0; k < 4; k++) {
-                __m256i q = q6k_ucodes(b + 64 * hf, h, k);
-                __m256i sel = _mm256_set_m128i(_mm_set1_epi16((short)(0x0101 * (4 * k + 2) + 0x0100)),
-                                               _mm_set1_epi16((short)(0x0101 * 4 * k + 0x0100)));
-                __m256i scv = _mm256_shuffle_epi8(sch, sel);
+                __m256i q = q6k_ucodes(b + 64 * hf, h, k), scv = q6k_chunk_scales(sch, k);
                 p[4 * hf + k] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(x + 128 * hf + 32 * k)), scv);
                 p2[4 * hf + k] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(y + 128 * hf + 32 * k)), scv);
             }
@@ -1757,15 +1763,15 @@ QW_TARGET_AVX2 static float dotq16_q6_k_avx2(const void *row, const void *xq, in
 
 /* ---------------------------------------------------------------- integer path: dispatch */
 
-void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n) {
-    if (!qw_act_bytes(dtype, n)) return;
+void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n, int bits) {
+    if (!qw_act_bytes(dtype, n, bits)) return;
 #if QW_HAVE_X86
     if (qw_use_avx2()) {
-        quantize_act_avx2(x, dst, n);
+        (bits == 16 ? quantize_act16_avx2 : quantize_act_avx2)(x, dst, n);
         return;
     }
 #endif
-    quantize_act_plain(x, dst, n);
+    (bits == 16 ? quantize_act16_plain : quantize_act_plain)(x, dst, n);
 }
 
 /* The integer dots per type: [8-bit, 16-bit][plain, AVX2]. */
@@ -1775,7 +1781,7 @@ void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n) {
 #define DOTQ_KERNELS(T) {{dotq_##T, dotq_##T}, {dotq16_##T, dotq16_##T}}
 #endif
 
-static qw_dot_act_fn act_kernel(int dtype, int sixteen) {
+qw_dot_act_fn qw_dot_act_kernel(int dtype, int bits) {
     static const qw_dot_act_fn q4_0[2][2] = DOTQ_KERNELS(q4_0), q4_1[2][2] = DOTQ_KERNELS(q4_1),
                                q5_0[2][2] = DOTQ_KERNELS(q5_0), q5_1[2][2] = DOTQ_KERNELS(q5_1),
                                q8_0[2][2] = DOTQ_KERNELS(q8_0), q4_k[2][2] = DOTQ_KERNELS(q4_k),
@@ -1792,30 +1798,11 @@ static qw_dot_act_fn act_kernel(int dtype, int sixteen) {
     case QW_Q6_K: k = q6_k; break;
     default: return NULL;
     }
-    return k[sixteen ? 1 : 0][qw_use_avx2() ? 1 : 0];
+    if (bits != 8 && bits != 16) return NULL;
+    return k[bits == 16][qw_use_avx2() ? 1 : 0];
 }
 
-qw_dot_act_fn qw_dot_act_kernel(int dtype) { return act_kernel(dtype, 0); }
-
-qw_dot_act_fn qw_dot_act16_kernel(int dtype) { return act_kernel(dtype, 1); }
-
-float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n) {
-    qw_dot_act_fn k = qw_dot_act_kernel(dtype);
-    return k ? k(row, xq, n) : 0.0f;
-}
-
-void qw_quantize_act16(int dtype, const float *x, void *dst, int64_t n) {
-    if (!qw_act_bytes(dtype, n)) return;
-#if QW_HAVE_X86
-    if (qw_use_avx2()) {
-        quantize_act16_avx2(x, dst, n);
-        return;
-    }
-#endif
-    quantize_act16_plain(x, dst, n);
-}
-
-float qw_dot_row_act16(int dtype, const void *row, const void *xq, int64_t n) {
-    qw_dot_act_fn k = qw_dot_act16_kernel(dtype);
+float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int bits) {
+    qw_dot_act_fn k = qw_dot_act_kernel(dtype, bits);
     return k ? k(row, xq, n) : 0.0f;
 }

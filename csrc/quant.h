@@ -53,7 +53,7 @@ void qw_quantize_row_q8_0(const float *src, void *dst, int64_t n);
  * once to 8-bit codes and dot each weight row with it in integer arithmetic (the weight codes
  * times the activation codes, summed exactly per 32 values, then scaled once per 32 values).
  * The quantized activation row ("act row") of n values (a multiple of 32) has one layout for
- * every weight type, arrays rather than interleaved blocks, in qw_act_bytes(dtype, n) bytes:
+ * every weight type, arrays rather than interleaved blocks, in qw_act_bytes(dtype, n, 8) bytes:
  *
  *   [q: n int8][d: n/32 float32][s: n/32 float32][bsums: n/16 int16]
  *
@@ -71,30 +71,28 @@ void qw_quantize_row_q8_0(const float *src, void *dst, int64_t n);
  * and the sum over blocks, so the plain and AVX2 paths agree to float32 rounding.
  */
 
-/* Bytes of an act row of n values for weights of `dtype`; 0 when `dtype` has no integer dot. */
-size_t qw_act_bytes(int dtype, int64_t n);
+/* 16-bit act rows: x to about 1/32500 of each block's largest value (8-bit rows: 1/254), which
+ * keeps the products within ~1e-5 of float arithmetic, still on 8-bit integer multiplies.
+ * A 16-bit row is two 8-bit act rows of the layout above, one after the other: level 1 is the
+ * 8-bit row of x (d = max|x| / 127, q1 = round(x / d)); level 2 has scale d / 256 and codes
+ * q2 = round(256 (x / d - q1)), clamped to +-127, so x ~ d q1 + (d / 256) q2. Its s and bsums are
+ * those of q2 and d / 256. The dot is the sum of the 8-bit dots with the two levels (the plain
+ * kernels compute exactly that); the AVX2 kernels unpack each weight block once for both.
+ *
+ * Below, `bits` is 8 or 16. */
+
+/* Bytes of an act row of n values for weights of `dtype`; 0 when `dtype` has no integer dot
+ * (or bits is neither 8 nor 16). */
+size_t qw_act_bytes(int dtype, int64_t n, int bits);
 /* Quantize x[0..n) into an act row (n a multiple of 32 and of dtype's block; nothing is written
- * when qw_act_bytes(dtype, n) is 0). */
-void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n);
+ * when qw_act_bytes(dtype, n, bits) is 0). */
+void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n, int bits);
 /* sum_i row[i] * xhat[i] over the n values of a stored row, xhat the values of the act row xq. */
-float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n);
+float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int bits);
 /* The kernel qw_dot_row_act runs for `dtype` on the current SIMD setting (NULL when there is
  * none), for loops over many rows to call without dispatching each time. */
 typedef float (*qw_dot_act_fn)(const void *row, const void *xq, int64_t n);
-qw_dot_act_fn qw_dot_act_kernel(int dtype);
-
-/* 16-bit act rows: x to about 1/32500 of each block's largest value (8-bit rows: 1/254), which
- * keeps the products within ~1e-5 of float arithmetic, still on 8-bit integer multiplies.
- * A 16-bit row is two 8-bit act rows of the layout above, one after the other
- * (qw_act16_bytes = 2 * qw_act_bytes): level 1 is the 8-bit row of x (d = max|x| / 127,
- * q1 = round(x / d)); level 2 has scale d / 256 and codes q2 = round(256 (x / d - q1)), clamped to
- * +-127, so x ~ d q1 + (d / 256) q2. Its s and bsums are those of q2 and d / 256. The dot is the
- * sum of the 8-bit dots with the two levels (the plain kernels compute exactly that); the AVX2
- * kernels unpack each weight block once for both. */
-size_t qw_act16_bytes(int dtype, int64_t n);
-void qw_quantize_act16(int dtype, const float *x, void *dst, int64_t n);
-float qw_dot_row_act16(int dtype, const void *row, const void *xq, int64_t n);
-qw_dot_act_fn qw_dot_act16_kernel(int dtype);
+qw_dot_act_fn qw_dot_act_kernel(int dtype, int bits);
 
 /* Scalar conversions, exact (round-to-nearest-even on the way down). */
 float qw_f16_to_f32(uint16_t h);

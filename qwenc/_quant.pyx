@@ -20,15 +20,11 @@ cdef extern from "quant.h":
     void qw_dequant_row(int dtype, const void *src, float *dst, int64_t n) nogil
     float qw_dot_row(int dtype, const void *row, const float *x, int64_t n) nogil
     void qw_quantize_row_q8_0(const float *src, void *dst, int64_t n) nogil
-    size_t qw_act_bytes(int dtype, int64_t n)
-    void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n) nogil
-    float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n) nogil
+    size_t qw_act_bytes(int dtype, int64_t n, int bits)
+    void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n, int bits) nogil
+    float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int bits) nogil
     ctypedef float (*qw_dot_act_fn)(const void *row, const void *xq, int64_t n) noexcept nogil
-    qw_dot_act_fn qw_dot_act_kernel(int dtype) nogil
-    size_t qw_act16_bytes(int dtype, int64_t n)
-    void qw_quantize_act16(int dtype, const float *x, void *dst, int64_t n) nogil
-    float qw_dot_row_act16(int dtype, const void *row, const void *xq, int64_t n) nogil
-    qw_dot_act_fn qw_dot_act16_kernel(int dtype) nogil
+    qw_dot_act_fn qw_dot_act_kernel(int dtype, int bits) nogil
 
 cdef extern from "cpu.h":
     int qw_cpu_has_avx2()
@@ -98,11 +94,17 @@ def dot_rows(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, x):
     return out
 
 
-def quantize_q8_0(x):
-    """uint8 [rows, cols / 32 * 34]: the Q8_0 bytes of a float32 [rows, cols] array."""
+def _float_rows(x):
+    """x as a C-contiguous float32 2-D array (rows of values to quantize)."""
     xa = np.ascontiguousarray(x, dtype=np.float32)
     if xa.ndim != 2:
         raise ValueError(f"expected a 2-D array, got shape {list(xa.shape)}")
+    return xa
+
+
+def quantize_q8_0(x):
+    """uint8 [rows, cols / 32 * 34]: the Q8_0 bytes of a float32 [rows, cols] array."""
+    xa = _float_rows(x)
     rows, cols = xa.shape
     rb = _row_bytes(Q8_0, rows, cols)
     out = np.empty((rows, rb), dtype=np.uint8)
@@ -117,32 +119,30 @@ def quantize_q8_0(x):
     return out
 
 
-def _check_bits(int bits):
-    if bits not in (8, 16):
-        raise ValueError(f"bits must be 8 or 16, got {bits}")
-
-
 def act_bytes(int dtype, Py_ssize_t n, int bits=8):
     """Bytes of a quantized activation row of n values for weights of `dtype` (0: no integer
     path): an 8-bit act row, or a 16-bit one (two 8-bit levels)."""
-    _check_bits(bits)
-    return qw_act16_bytes(dtype, n) if bits == 16 else qw_act_bytes(dtype, n)
+    if bits not in (8, 16):
+        raise ValueError(f"bits must be 8 or 16, got {bits}")
+    return qw_act_bytes(dtype, n, bits)
+
+
+def _act_row_bytes(int dtype, Py_ssize_t n, int bits):
+    """act_bytes, refusing a type without an integer dot."""
+    ab = act_bytes(dtype, n, bits)
+    if ab == 0:
+        raise ValueError(f"type {dtype} has no integer dot")
+    return ab
 
 
 def quantize_activations(x, int dtype, int bits=8):
     """uint8 [rows, act_bytes(dtype, cols, bits)]: each row of the float32 [rows, cols] array x as
     an 8-bit or 16-bit activation row for the integer dot with weights of `dtype` (layout in
     csrc/quant.h)."""
-    _check_bits(bits)
-    xa = np.ascontiguousarray(x, dtype=np.float32)
-    if xa.ndim != 2:
-        raise ValueError(f"expected a 2-D array, got shape {list(xa.shape)}")
+    xa = _float_rows(x)
     rows, cols = xa.shape
     _row_bytes(dtype, rows, cols)
-    ab = act_bytes(dtype, cols, bits)
-    if ab == 0:
-        raise ValueError(f"type {dtype} has no integer dot")
-    out = np.empty((rows, ab), dtype=np.uint8)
+    out = np.empty((rows, _act_row_bytes(dtype, cols, bits)), dtype=np.uint8)
     cdef const float[:, ::1] src = xa
     cdef unsigned char[:, ::1] dst = out
     cdef Py_ssize_t r, nrows = rows, ncols = cols
@@ -150,21 +150,15 @@ def quantize_activations(x, int dtype, int bits=8):
         return out
     with nogil:
         for r in range(nrows):
-            if bits == 16:
-                qw_quantize_act16(dtype, &src[r, 0], &dst[r, 0], ncols)
-            else:
-                qw_quantize_act(dtype, &src[r, 0], &dst[r, 0], ncols)
+            qw_quantize_act(dtype, &src[r, 0], &dst[r, 0], ncols, bits)
     return out
 
 
 def dot_rows_act(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, xq, int bits=8):
     """float32 [rows]: each stored row dotted, by the integer kernel, with the activation row xq
     (uint8 [act_bytes(dtype, cols, bits)], from quantize_activations)."""
-    _check_bits(bits)
     arr, rb = _as_bytes(data, dtype, rows, cols)
-    ab = act_bytes(dtype, cols, bits)
-    if ab == 0:
-        raise ValueError(f"type {dtype} has no integer dot")
+    ab = _act_row_bytes(dtype, cols, bits)
     xa = np.ascontiguousarray(xq).reshape(-1)
     if xa.dtype != np.uint8 or xa.shape[0] != ab:
         raise ValueError(f"xq must be {ab} uint8 bytes, got {xa.shape[0]} {xa.dtype}")
@@ -178,10 +172,7 @@ def dot_rows_act(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, xq, int bits
         return out
     with nogil:
         for r in range(rows):
-            if bits == 16:
-                dst[r] = qw_dot_row_act16(dtype, &src[r * row_bytes], &xv[0], cols)
-            else:
-                dst[r] = qw_dot_row_act(dtype, &src[r * row_bytes], &xv[0], cols)
+            dst[r] = qw_dot_row_act(dtype, &src[r * row_bytes], &xv[0], cols, bits)
     return out
 
 
@@ -196,11 +187,7 @@ def matvec(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, x, int bits=8, int
         raise ValueError(f"x must have shape [{cols}], got {list(np.shape(x))}")
     if threads < 1:
         raise ValueError("threads must be >= 1")
-    if bits:
-        _check_bits(bits)
-    cdef Py_ssize_t ab = act_bytes(dtype, cols, bits) if bits else 0
-    if bits and ab == 0:
-        raise ValueError(f"type {dtype} has no integer dot")
+    cdef Py_ssize_t ab = _act_row_bytes(dtype, cols, bits) if bits else 0
     xq = np.empty(ab if ab > 0 else 1, dtype=np.uint8)
     out = np.empty(rows, dtype=np.float32)
     cdef const unsigned char[::1] src = arr
@@ -214,12 +201,8 @@ def matvec(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, x, int bits=8, int
         return out
     with nogil:
         if bits:
-            if bits == 16:
-                qw_quantize_act16(dtype, &xv[0], &qv[0], cols)
-                dot = qw_dot_act16_kernel(dtype)
-            else:
-                qw_quantize_act(dtype, &xv[0], &qv[0], cols)
-                dot = qw_dot_act_kernel(dtype)
+            qw_quantize_act(dtype, &xv[0], &qv[0], cols, bits)
+            dot = qw_dot_act_kernel(dtype, bits)
             for r in prange(rows, num_threads=threads, schedule="dynamic", chunksize=32):
                 dst[r] = dot(&src[r * row_bytes], &qv[0], cols)
         else:
