@@ -35,12 +35,15 @@ SIMD_MODES = [pytest.param(True, id="avx2"), pytest.param(False, id="plain")]
 
 @pytest.fixture(params=SIMD_MODES)
 def simd(request):
-    """Run the test on the AVX2 path and on the plain C path, restoring the setting after."""
+    """Run the test on the AVX2 path and on the plain C path, restoring the setting after. Both
+    extension modules carry their own copy of the kernels and of the switch: both are set."""
+    from qwenc import _ops
     if request.param and not _quant.has_avx2():
         pytest.skip("CPU without AVX2/FMA/F16C")
-    prev = _quant.set_simd(request.param)
+    prev = _quant.set_simd(request.param), _ops.set_simd(request.param)
     yield request.param
-    _quant.set_simd(prev)
+    _quant.set_simd(prev[0])
+    _ops.set_simd(prev[1])
 
 
 def random_blocks(name, rows, cols, rng, scale_bits=None):
@@ -333,11 +336,12 @@ def test_falsifier_dot_tolerance_catches_one_code_off(name):
         assert_dot_close(got, w_off, x)
 
 
-# ---------------------------------------------------------------- integer path: 8-bit activations
+# ---------------------------------------------------------------- integer path: 8- and 16-bit activations
 #
-# Decode's products over block-quantized weights quantize the activation row x once to 8-bit
-# codes (an "act row": per 32 values a float32 scale, the codes and their sums; layout in
-# csrc/quant.h) and dot each weight row with them in integers. Two oracles:
+# Decode's products over block-quantized weights (int8 and int16 modes) quantize the activation
+# row x once to 8-bit codes (an "act row": per 32 values a float32 scale, the codes and their
+# sums; layout in csrc/quant.h), or to two such levels for 16 bits, and dot each weight row with
+# them in integers. Two oracles:
 #   - exact: the float64 dot of the reference-dequantized weights with the dequantized act row
 #     xhat. The kernels sum each block's integer products exactly and only round the few float
 #     scale products and sums, so they stay within DOT_RTOL of sum |w xhat|;
@@ -360,6 +364,24 @@ def act_values(xq, n):
     """float64 [n]: the values xhat = d * q the act row stands for."""
     q, d, _, _ = act_parts(xq, n)
     return (q.astype(np.float64).reshape(-1, 32) * d.astype(np.float64)[:, None]).reshape(-1)
+
+
+def act16_levels(xq, n):
+    """The two 8-bit act rows a 16-bit row is made of."""
+    xq = np.asarray(xq).reshape(-1)
+    half = _quant.act_bytes(CODE["Q8_0"], n)
+    assert xq.size == 2 * half
+    return xq[:half], xq[half:]
+
+
+def act16_values(xq, n):
+    one, two = act16_levels(xq, n)
+    return act_values(one, n) + act_values(two, n)
+
+
+def row_values(xq, n, bits):
+    """float64 [n]: the values an 8-bit or 16-bit act row stands for."""
+    return act16_values(xq, n) if bits == 16 else act_values(xq, n)
 
 
 def act_inputs(cols, rng):
@@ -419,41 +441,47 @@ def test_quantize_activations_ties_to_even():
     assert q[1] == -16 and q[2] == -14  # -15.5 -> -16, -14.5 -> -14
 
 
-def test_quantize_activations_simd_and_plain_bytes_equal():
+@pytest.mark.parametrize("bits", [8, 16])
+def test_quantize_activations_simd_and_plain_bytes_equal(bits):
     if not _quant.has_avx2():
         pytest.skip("CPU without AVX2/FMA/F16C")
     x = act_inputs(1024, np.random.default_rng(22))
     x[0, 300] = np.inf
     x[0, 700] = np.nan
     x[1, 5] = -np.inf
+    # exact halves of a step: the level-1 ties and level-2 values of +-128 that must clamp
+    x[3, 96:128] = (np.arange(32) - 15.5).astype(np.float32)
+    x[3, 96] = 127.0
     prev = _quant.set_simd(True)
     try:
-        fast = _quant.quantize_activations(x, CODE["Q8_0"])
+        fast = _quant.quantize_activations(x, CODE["Q8_0"], bits=bits)
         _quant.set_simd(False)
-        plain = _quant.quantize_activations(x, CODE["Q8_0"])
+        plain = _quant.quantize_activations(x, CODE["Q8_0"], bits=bits)
     finally:
         _quant.set_simd(prev)
     np.testing.assert_array_equal(fast, plain)
 
 
 @pytest.mark.parametrize("name", BLOCK_TYPES)
-def test_int_dot_non_finite_activations_give_nan(name, simd):
+@pytest.mark.parametrize("bits", [8, 16])
+def test_int_dot_non_finite_activations_give_nan(name, bits, simd):
     rows, cols = 3, 512
     data = synthetic(name, rows, cols, seed=8)
     x = np.random.default_rng(8).standard_normal(cols).astype(np.float32)
     x[5] = np.inf
-    xq = _quant.quantize_activations(x[None], CODE[name])[0]
-    q, d, _, _ = act_parts(xq, cols)
+    x[40] = -np.inf
+    xq = _quant.quantize_activations(x[None], CODE[name], bits=bits)[0]
+    q, d, _, _ = act_parts(xq[:_quant.act_bytes(CODE[name], cols)], cols)  # (level 1 of a 16-bit row)
     assert np.isnan(d[0]) and not q[:32].any()
-    assert np.isnan(_quant.dot_rows_act(data, CODE[name], rows, cols, xq)).all()
+    assert np.isnan(_quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=bits)).all()
 
 
-def int_dot_case(name, rows, cols, seed):
+def int_dot_case(name, rows, cols, seed, bits=8):
     """(weights bytes, reference float32 rows, x, act row) for one type."""
     data = synthetic(name, rows, cols, seed=seed)
     w = ref_dequantize(data, GT[name]).reshape(rows, cols)
     x = act_inputs(cols, np.random.default_rng(seed))[seed % 3]
-    return data, w, x, _quant.quantize_activations(x[None], CODE[name])[0]
+    return data, w, x, _quant.quantize_activations(x[None], CODE[name], bits=bits)[0]
 
 
 # Types whose blocks add a float min to the scaled codes (the other types' offsets are integers).
@@ -500,11 +528,12 @@ def assert_within_act_error(got, w, x, xhat):
 
 @pytest.mark.parametrize("name", BLOCK_TYPES)
 @pytest.mark.parametrize("cols", [256, 768, 4864])
-def test_int_dot_matches_reference(name, cols, simd):
+@pytest.mark.parametrize("bits", [8, 16])
+def test_int_dot_matches_reference(name, cols, bits, simd):
     rows = 9
-    data, w, x, xq = int_dot_case(name, rows, cols, seed=cols % 7)
-    xhat = act_values(xq, cols)
-    got = _quant.dot_rows_act(data, CODE[name], rows, cols, xq)
+    data, w, x, xq = int_dot_case(name, rows, cols, seed=cols % 7, bits=bits)
+    xhat = row_values(xq, cols, bits)
+    got = _quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=bits)
     assert_int_dot_close(got, w, xhat, weight_mins(data, name, rows, cols))
     assert_within_act_error(got, w, x, xhat)
     # and the float fused kernel is within the same bound of the integer one's target
@@ -513,42 +542,53 @@ def test_int_dot_matches_reference(name, cols, simd):
 
 
 @pytest.mark.parametrize("name", BLOCK_TYPES)
-def test_int_dot_random_blocks(name, simd):
-    """Random bytes everywhere but the scales: every code pattern, Q8_0's -128 included."""
+@pytest.mark.parametrize("bits", [8, 16])
+def test_int_dot_random_blocks(name, bits, simd):
+    """Random bytes everywhere but the scales: every code pattern, Q8_0's -128 included, against
+    the largest activation codes (+-127, on both levels of a 16-bit row): the extremes of the
+    products, which must not overflow."""
     rows, cols = 16, 1280 if name in ACT32 else 1536
     data = random_blocks(name, rows, cols, np.random.default_rng(17))
     w = ref_dequantize(data, GT[name]).reshape(rows, cols)
     x = np.random.default_rng(17).standard_normal(cols).astype(np.float32)
-    # the largest |x| in some blocks: codes of +-127, the extremes of the products
+    # the largest |x| in some blocks: level-1 codes of +-127
     x[::37] *= 50
-    xq = _quant.quantize_activations(x[None], CODE[name])[0]
-    assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], rows, cols, xq), w, act_values(xq, cols),
-                         weight_mins(data, name, rows, cols))
+    # blocks whose values sit just below a half step: level-2 codes near +-127 across the block
+    # (127 first makes d = 1, so t = x, and t - rint(t) = +-0.496 gives q2 = +-127)
+    x[:64] = np.sign(x[:64]) * np.where(np.arange(64) % 32 == 0, 127, np.arange(64) % 32 + 0.496)
+    xq = _quant.quantize_activations(x[None], CODE[name], bits=bits)[0]
+    if bits == 16:
+        _, two = act16_levels(xq, cols)
+        assert np.abs(act_parts(two, cols)[0][:64].astype(int)).max() >= 120
+    assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=bits), w,
+                         row_values(xq, cols, bits), weight_mins(data, name, rows, cols))
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1"])
 @pytest.mark.parametrize("cols", [32, 96, 160, 288])
-def test_int_dot_odd_block_counts(name, cols, simd):
-    """Rows of 1, 3, 5 and 9 blocks: the AVX2 kernels take 8 blocks a step, then one at a time."""
-    data, w, x, xq = int_dot_case(name, 5, cols, seed=cols)
-    assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], 5, cols, xq), w, act_values(xq, cols),
-                         weight_mins(data, name, 5, cols))
+@pytest.mark.parametrize("bits", [8, 16])
+def test_int_dot_odd_block_counts(name, cols, bits, simd):
+    """Rows of 1, 3, 5 and 9 blocks: the AVX2 kernels take 8 blocks a step, then fewer."""
+    data, w, x, xq = int_dot_case(name, 5, cols, seed=cols, bits=bits)
+    assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], 5, cols, xq, bits=bits), w,
+                         row_values(xq, cols, bits), weight_mins(data, name, 5, cols))
 
 
 @pytest.mark.parametrize("name", BLOCK_TYPES)
-def test_int_dot_simd_and_plain_agree(name):
+@pytest.mark.parametrize("bits", [8, 16])
+def test_int_dot_simd_and_plain_agree(name, bits):
     if not _quant.has_avx2():
         pytest.skip("CPU without AVX2/FMA/F16C")
     rows, cols = 12, 1024
-    data, w, x, xq = int_dot_case(name, rows, cols, seed=5)
+    data, w, x, xq = int_dot_case(name, rows, cols, seed=5, bits=bits)
     prev = _quant.set_simd(True)
     try:
-        fast = _quant.dot_rows_act(data, CODE[name], rows, cols, xq)
+        fast = _quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=bits)
         _quant.set_simd(False)
-        plain = _quant.dot_rows_act(data, CODE[name], rows, cols, xq)
+        plain = _quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=bits)
     finally:
         _quant.set_simd(prev)
-    xhat = act_values(xq, cols)
+    xhat = row_values(xq, cols, bits)
     mins = weight_mins(data, name, rows, cols)
     assert_int_dot_close(fast, w, xhat, mins)
     assert_int_dot_close(plain, w, xhat, mins)
@@ -557,13 +597,14 @@ def test_int_dot_simd_and_plain_agree(name):
 
 
 @pytest.mark.parametrize("tensor,n_rows", DEMO_TENSORS, ids=[t for t, _ in DEMO_TENSORS])
-def test_demo_tensors_int_dot(demo, tensor, n_rows, simd):
+@pytest.mark.parametrize("bits", [8, 16])
+def test_demo_tensors_int_dot(demo, tensor, n_rows, bits, simd):
     data, rows, cols, name = sample_rows(demo, tensor, n_rows)
     w = ref_dequantize(data, GT[name]).reshape(rows, cols)
     x = act_inputs(cols, np.random.default_rng(3))[2]
-    xq = _quant.quantize_activations(x[None], CODE[name])[0]
-    xhat = act_values(xq, cols)
-    got = _quant.dot_rows_act(data, CODE[name], rows, cols, xq)
+    xq = _quant.quantize_activations(x[None], CODE[name], bits=bits)[0]
+    xhat = row_values(xq, cols, bits)
+    got = _quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=bits)
     assert_int_dot_close(got, w, xhat, weight_mins(data, name, rows, cols))
     assert_within_act_error(got, w, x, xhat)
 
@@ -661,33 +702,29 @@ def test_falsifier_corrupt_activation_sums(name, field):
 
 # ---- qw_matmul's decode path (qwenc._ops, as the model calls it)
 
-@pytest.fixture(params=SIMD_MODES)
-def ops_simd(request):
-    from qwenc import _ops
-    if request.param and not _ops.has_avx2():
-        pytest.skip("CPU without AVX2/FMA/F16C")
-    prev = _ops.set_simd(request.param)
-    yield request.param
-    _ops.set_simd(prev)
-
-
 @pytest.mark.parametrize("name", BLOCK_TYPES)
 @pytest.mark.parametrize("M", [1, 2, 3, 4])
-def test_matmul_decode_path_int8(name, M, ops_simd):
+@pytest.mark.parametrize("bits", [8, 16])
+def test_matmul_decode_path_int(name, M, bits, simd):
+    """qw_matmul's decode path in the int8 and int16 modes (their codes are the bits): the same
+    kernel as dot_rows_act, bit for bit, plus the bias."""
     from qwenc import _ops
+    assert _ops.ACTIVATIONS[f"int{bits}"] == bits
     N, K = 37, 512
-    data = synthetic(name, N, K, seed=M)
+    data = synthetic(name, N, K, seed=M + bits)
     w = ref_dequantize(data, GT[name]).reshape(N, K)
     rng = np.random.default_rng(M)
     x = act_inputs(K, rng)[np.arange(M) % 3]
     bias = rng.standard_normal(N).astype(np.float32)
     y = np.empty((M, N), np.float32)
-    _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y, bias, INT8)
-    xq = _quant.quantize_activations(x, CODE[name])
+    _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y, bias, bits)
+    xq = _quant.quantize_activations(x, CODE[name], bits=bits)
     for m in range(M):
-        xhat = act_values(xq[m], K)
+        xhat = row_values(xq[m], K, bits)
         assert_int_dot_close(y[m] - bias, w, xhat, weight_mins(data, name, N, K))
         assert_within_act_error(y[m] - bias, w, x[m], xhat)
+        want = _quant.dot_rows_act(data, CODE[name], N, K, xq[m], bits=bits) + bias
+        np.testing.assert_array_equal(y[m], want)
 
 
 @pytest.mark.parametrize("name", ["Q5_0", "Q4_K"])
@@ -723,27 +760,12 @@ def test_matmul_activation_modes_bit_for_bit():
     with pytest.raises(ValueError, match="activation"):
         _ops.matmul(w.reshape(-1), CODE["Q8_0"], 8, 256, x, y, None, 3)
 
+
 # ---- 16-bit act rows: two 8-bit levels (csrc/quant.h)
 #
 # Level 1 is the 8-bit act row of x; level 2 holds the rounding left over, in steps of d / 256.
-# Same two oracles as the 8-bit rows, with xhat = d q1 + (d / 256) q2; and the float oracle's
-# bound is now ~256 times tighter.
-
-INT16 = 16  # qwenc._ops.ACTIVATIONS["int16"]
-
-
-def act16_levels(xq, n):
-    """The two 8-bit act rows a 16-bit row is made of."""
-    xq = np.asarray(xq).reshape(-1)
-    half = _quant.act_bytes(CODE["Q8_0"], n)
-    assert xq.size == 2 * half
-    return xq[:half], xq[half:]
-
-
-def act16_values(xq, n):
-    one, two = act16_levels(xq, n)
-    return act_values(one, n) + act_values(two, n)
-
+# The dot tests above run on both row kinds (xhat = d q1 + (d / 256) q2 for 16-bit rows); here,
+# the level-2 fields and what the extra level buys.
 
 def expected_act16_level2(x):
     """Level-2 codes, d, s and bsums from numpy float32 arithmetic: with t = x * (1 / d) as level 1
@@ -784,112 +806,6 @@ def test_quantize_act16_fields(simd):
         assert np.median(err[d > 0] / d[d > 0]) < 1 / 700  # typical error ~ step / 1024
 
 
-def test_quantize_act16_simd_and_plain_bytes_equal():
-    if not _quant.has_avx2():
-        pytest.skip("CPU without AVX2/FMA/F16C")
-    x = act_inputs(1024, np.random.default_rng(32))
-    x[0, 300] = np.inf
-    x[0, 700] = np.nan
-    x[1, 5] = -np.inf
-    # exact halves of a step: the level-1 ties and level-2 values of +-128 that must clamp
-    x[3, 96:128] = (np.arange(32) - 15.5).astype(np.float32)
-    x[3, 96] = 127.0
-    prev = _quant.set_simd(True)
-    try:
-        fast = _quant.quantize_activations(x, CODE["Q8_0"], bits=16)
-        _quant.set_simd(False)
-        plain = _quant.quantize_activations(x, CODE["Q8_0"], bits=16)
-    finally:
-        _quant.set_simd(prev)
-    np.testing.assert_array_equal(fast, plain)
-
-
-def int16_dot_case(name, rows, cols, seed):
-    data = synthetic(name, rows, cols, seed=seed)
-    w = ref_dequantize(data, GT[name]).reshape(rows, cols)
-    x = act_inputs(cols, np.random.default_rng(seed))[seed % 3]
-    return data, w, x, _quant.quantize_activations(x[None], CODE[name], bits=16)[0]
-
-
-@pytest.mark.parametrize("name", BLOCK_TYPES)
-@pytest.mark.parametrize("cols", [256, 768, 4864])
-def test_int16_dot_matches_reference(name, cols, simd):
-    rows = 9
-    data, w, x, xq = int16_dot_case(name, rows, cols, seed=cols % 7)
-    xhat = act16_values(xq, cols)
-    got = _quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=16)
-    assert_int_dot_close(got, w, xhat, weight_mins(data, name, rows, cols))
-    assert_within_act_error(got, w, x, xhat)
-
-
-@pytest.mark.parametrize("name", BLOCK_TYPES)
-def test_int16_dot_random_blocks(name, simd):
-    """Every code pattern (Q8_0's -128 included) against codes of +-127 on both levels: the
-    largest combined products, which must not overflow int32."""
-    rows, cols = 16, 1280 if name in ACT32 else 1536
-    data = random_blocks(name, rows, cols, np.random.default_rng(18))
-    w = ref_dequantize(data, GT[name]).reshape(rows, cols)
-    x = np.random.default_rng(18).standard_normal(cols).astype(np.float32)
-    x[::37] *= 50
-    # blocks whose values sit just below a half step: q2 near +-127 across the whole block
-    # (127 first makes d = 1, so t = x, and t - rint(t) = +-0.496 gives q2 = +-127)
-    x[:64] = np.sign(x[:64]) * np.where(np.arange(64) % 32 == 0, 127, np.arange(64) % 32 + 0.496)
-    xq = _quant.quantize_activations(x[None], CODE[name], bits=16)[0]
-    _, two = act16_levels(xq, cols)
-    assert np.abs(act_parts(two, cols)[0][:64].astype(int)).max() >= 120
-    assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=16), w,
-                         act16_values(xq, cols), weight_mins(data, name, rows, cols))
-
-
-@pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1"])
-@pytest.mark.parametrize("cols", [32, 96, 160, 288])
-def test_int16_dot_odd_block_counts(name, cols, simd):
-    data, w, x, xq = int16_dot_case(name, 5, cols, seed=cols)
-    assert_int_dot_close(_quant.dot_rows_act(data, CODE[name], 5, cols, xq, bits=16), w,
-                         act16_values(xq, cols), weight_mins(data, name, 5, cols))
-
-
-@pytest.mark.parametrize("name", BLOCK_TYPES)
-def test_int16_dot_simd_and_plain_agree(name):
-    if not _quant.has_avx2():
-        pytest.skip("CPU without AVX2/FMA/F16C")
-    rows, cols = 12, 1024
-    data, w, x, xq = int16_dot_case(name, rows, cols, seed=6)
-    prev = _quant.set_simd(True)
-    try:
-        fast = _quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=16)
-        _quant.set_simd(False)
-        plain = _quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=16)
-    finally:
-        _quant.set_simd(prev)
-    xhat = act16_values(xq, cols)
-    mins = weight_mins(data, name, rows, cols)
-    mag = np.abs(w.astype(np.float64)) + (0 if mins is None else np.abs(mins.astype(np.float64)))
-    assert (np.abs(fast.astype(np.float64) - plain) <= 2 * DOT_RTOL * (mag @ np.abs(xhat))).all()
-
-
-@pytest.mark.parametrize("name", BLOCK_TYPES)
-def test_int16_dot_non_finite_activations_give_nan(name, simd):
-    rows, cols = 3, 512
-    data = synthetic(name, rows, cols, seed=9)
-    x = np.random.default_rng(9).standard_normal(cols).astype(np.float32)
-    x[40] = -np.inf
-    xq = _quant.quantize_activations(x[None], CODE[name], bits=16)[0]
-    assert np.isnan(_quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=16)).all()
-
-
-@pytest.mark.parametrize("tensor,n_rows", DEMO_TENSORS, ids=[t for t, _ in DEMO_TENSORS])
-def test_demo_tensors_int16_dot(demo, tensor, n_rows, simd):
-    data, rows, cols, name = sample_rows(demo, tensor, n_rows)
-    w = ref_dequantize(data, GT[name]).reshape(rows, cols)
-    x = act_inputs(cols, np.random.default_rng(4))[2]
-    xq = _quant.quantize_activations(x[None], CODE[name], bits=16)[0]
-    xhat = act16_values(xq, cols)
-    got = _quant.dot_rows_act(data, CODE[name], rows, cols, xq, bits=16)
-    assert_int_dot_close(got, w, xhat, weight_mins(data, name, rows, cols))
-    assert_within_act_error(got, w, x, xhat)
-
-
 @pytest.mark.parametrize("name", BLOCK_TYPES)
 def test_int16_error_is_far_below_int8(name):
     """What the 16-bit rows are for: against the float dot w . x, their error is hundreds of
@@ -919,29 +835,3 @@ def test_int16_argument_checks():
         _quant.dot_rows_act(data, CODE["Q8_0"], 2, 64, xq)  # a 16-bit row read as 8-bit
     want = _quant.dot_rows(data, CODE["Q8_0"], 2, 64, np.ones(64, np.float32))
     np.testing.assert_allclose(_quant.dot_rows_act(data, CODE["Q8_0"], 2, 64, xq, bits=16), want, rtol=1e-6)
-
-
-@pytest.mark.parametrize("name", BLOCK_TYPES)
-@pytest.mark.parametrize("M", [1, 2, 3, 4])
-def test_matmul_decode_path_int16(name, M, ops_simd):
-    from qwenc import _ops
-    assert _ops.ACTIVATIONS["int16"] == INT16
-    N, K = 37, 512
-    data = synthetic(name, N, K, seed=M + 10)
-    w = ref_dequantize(data, GT[name]).reshape(N, K)
-    rng = np.random.default_rng(M)
-    x = act_inputs(K, rng)[np.arange(M) % 3]
-    bias = rng.standard_normal(N).astype(np.float32)
-    y = np.empty((M, N), np.float32)
-    _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y, bias, INT16)
-    prev = _quant.set_simd(ops_simd)  # each extension module has its own switch
-    try:
-        xq = _quant.quantize_activations(x, CODE[name], bits=16)
-        for m in range(M):
-            xhat = act16_values(xq[m], K)
-            assert_int_dot_close(y[m] - bias, w, xhat, weight_mins(data, name, N, K))
-            # the same kernel, bit for bit
-            want = _quant.dot_rows_act(data, CODE[name], N, K, xq[m], bits=16) + bias
-            np.testing.assert_array_equal(y[m], want)
-    finally:
-        _quant.set_simd(prev)
