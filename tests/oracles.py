@@ -16,20 +16,29 @@ def read_gguf_metadata(path, keys=GGUF_KEYS):
     return {key: reader.fields[key].contents() for key in keys if key in reader.fields}
 
 
-def build_oracle(md, extra_added=()):
-    """HF tokenizer as Qwen ships it, from GGUF metadata; extra_added: (content, id) pairs."""
+def qwen2_pipeline(vocab, merges):
+    """An HF byte-level BPE tokenizer in Qwen2's pipeline (NFC, the Qwen2 split, ByteLevel) over
+    vocab ({token: id}) and merges ([(a, b)]), before any added tokens."""
     import tokenizers
-    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
 
-    toks, types = md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"]
-    vocab = {t: i for i, (t, k) in enumerate(zip(toks, types)) if k == 1}
-    merges = [tuple(m.split(" ")) for m in md["tokenizer.ggml.merges"]]
     tok = tokenizers.Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def build_oracle(md, extra_added=()):
+    """HF tokenizer as Qwen ships it, from GGUF metadata; extra_added: (content, id) pairs."""
+    from tokenizers import AddedToken
+
+    toks, types = md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"]
+    vocab = {t: i for i, (t, k) in enumerate(zip(toks, types)) if k == 1}
+    merges = [tuple(m.split(" ")) for m in md["tokenizer.ggml.merges"]]
+    tok = qwen2_pipeline(vocab, merges)
     added = [(toks[i], i) for i, k in enumerate(types) if k in (3, 4)] + list(extra_added)
     tok.add_tokens([AddedToken(c, special=c not in QWEN_NON_SPECIAL, normalized=False) for c, _ in added])
     for content, tid in added:

@@ -20,8 +20,8 @@ import qwenc
 import qwenc.demo
 from qwenc import cli
 from qwenc.loader import resolve_model_path
-from qwenc.tokenizer import QWEN2_PATTERN
 from modelgen import make_model
+from oracles import qwen2_pipeline
 
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
@@ -37,15 +37,10 @@ MERGES = [("h", "e"), ("l", "l"), ("he", "ll"), ("Ġ", "t")]
 def _tokenizer():
     """A byte-level BPE in Qwen's pipeline (NFC, Qwen2 split, ByteLevel) with a 263-token vocab, so
     it fits the 384-row random model and the text paths (gen, CLI) run on it."""
-    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import AddedToken, pre_tokenizers
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {t: i for i, t in enumerate(alphabet + [a + b for a, b in MERGES])}
-    tok = tokenizers.Tokenizer(models.BPE(vocab, MERGES, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
+    tok = qwen2_pipeline(vocab, MERGES)
     tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in ADDED])
     return tok, vocab
 
