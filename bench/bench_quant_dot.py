@@ -4,8 +4,8 @@ paths (16-bit and 8-bit activations, integer dots), on 1 and 2 threads.
 A decode step is a matrix-vector product per weight matrix. This times `_quant.matvec` over a
 4864 x 896 matrix (a 0.5B model's MLP projection; 896 x 4864 for the k-quants, whose rows must
 be a multiple of 256), which runs as qw_matmul does for one activation row: each row dotted with
-x by the fused float kernel (qw_dot_row), or x quantized once (qw_quantize_act16 or
-qw_quantize_act, included in the time) and each row dotted by the integer kernel; rows are
+x by the fused float kernel (qw_dot_row), or x quantized once (qw_quantize_act, 16 or 8 bits,
+included in the time) and each row dotted by the integer kernel; rows are
 shared among OpenMP threads in chunks of 32. Rates are G multiply-adds per second, median over
 interleaved repeats (float, int16, int8, float, ...) so machine noise hits all alike; "x" columns
 are the integer paths' rates over the float one's. The default matrix fits in L3,
