@@ -1767,11 +1767,17 @@ void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n, int bits) 
     if (!qw_act_bytes(dtype, n, bits)) return;
 #if QW_HAVE_X86
     if (qw_use_avx2()) {
-        (bits == 16 ? quantize_act16_avx2 : quantize_act_avx2)(x, dst, n);
+        if (bits == 16)
+            quantize_act16_avx2(x, dst, n);
+        else
+            quantize_act_avx2(x, dst, n);
         return;
     }
 #endif
-    (bits == 16 ? quantize_act16_plain : quantize_act_plain)(x, dst, n);
+    if (bits == 16)
+        quantize_act16_plain(x, dst, n);
+    else
+        quantize_act_plain(x, dst, n);
 }
 
 /* The integer dots per type: [8-bit, 16-bit][plain, AVX2]. */
