@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from qwenc import _quant
-from qwenc.tensors import BF16, BLOCK, DTYPE_NAMES, F16, F32
+from qwenc.formats.tensors import BF16, BLOCK, DTYPE_NAMES, F16, F32
 
 ROWS, COLS = 4864, 896
 

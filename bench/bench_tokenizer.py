@@ -64,7 +64,7 @@ def build_hf(md):
     """HF tokenizer as Qwen ships it (see tests/test_tokenizer.py)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-    from qwenc.tokenizer import QWEN_NON_SPECIAL
+    from qwenc.text.tokenizer import QWEN_NON_SPECIAL
 
     toks, types = md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"]
     vocab = {t: i for i, (t, k) in enumerate(zip(toks, types)) if k == 1}
@@ -101,11 +101,11 @@ def main():
     if args.hf_child:
         return hf_child(*args.hf_child, args.repeats)
 
-    from qwenc.tokenizer import Tokenizer
+    from qwenc.text.tokenizer import Tokenizer
 
     path = args.gguf
     if path is None:
-        from qwenc.demo import demo_model_path
+        from qwenc.formats.demo import demo_model_path
         path = demo_model_path()
     md = read_gguf_metadata(path)
     docs, size = bench_text(args.mb)

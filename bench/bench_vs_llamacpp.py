@@ -222,7 +222,7 @@ def instrumented_step(model, seq, token, acc):
     """One decode step doing exactly what Model._forward does for one token, with every kernel
     call and numpy operation timed into acc[name]. Returns the greedy next token."""
     from qwenc import _ops
-    from qwenc.tensors import DTYPE_NAMES
+    from qwenc.formats.tensors import DTYPE_NAMES
     cfg, w = model.config, model.weights
     hd, eps = cfg.head_dim, cfg.rms_norm_eps
     ws = model._workspace(1)
@@ -277,9 +277,9 @@ def tiny_model(cfg, threads):
     head_dim 8, intermediate 128, vocab 512, F32): its decode step is almost only the per-token
     cost that does not scale with the weights (Python, Cython wrappers, OpenMP fork/join)."""
     import qwenc
-    from qwenc.config import config_from_dict
+    from qwenc.formats.config import config_from_dict
     from qwenc.model import Weights
-    from qwenc.tensors import F32, Tensor
+    from qwenc.formats.tensors import F32, Tensor
     d = {"model_type": cfg.arch, "hidden_size": 64, "num_hidden_layers": cfg.num_layers,
          "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "head_dim": 8,
          "intermediate_size": 128, "vocab_size": 512, "rope_theta": cfg.rope_theta,
@@ -329,7 +329,7 @@ def matmul_rates(model, repeats, run):
     """Per weight family (role, type, shape): seconds per token over all layers with the weights
     coming from DRAM (caches flushed before each product) and from cache (the same product run
     again at once), and the bytes involved. `run(fn)` runs one timed pass (see clean_run)."""
-    from qwenc.tensors import DTYPE_NAMES
+    from qwenc.formats.tensors import DTYPE_NAMES
     from qwenc.model import Linear
     w = model.weights
     fam = {}
@@ -503,7 +503,7 @@ def main():
     import qwenc
     from qwenc.bench import measure_bandwidth, weight_bytes_per_token
     if args.model is None:
-        from qwenc.demo import demo_model_path
+        from qwenc.formats.demo import demo_model_path
         args.model = str(demo_model_path())
     prompts = [int(p) for p in args.prompt.split(",")]
     dtypes = [None if d in ("none", "") else d for d in args.dtype.split(",")]

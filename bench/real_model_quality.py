@@ -175,7 +175,7 @@ def main(argv=None):
     from qwenc.bench import bench_model
     path = args.gguf
     if path is None:
-        from qwenc.demo import demo_model_path
+        from qwenc.formats.demo import demo_model_path
         path = str(demo_model_path())
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
 

@@ -11,140 +11,207 @@
 #include <immintrin.h>
 #endif
 
+/* Most key slots per block the kernels take (scores of a block live on the stack). */
+#define MAX_BS 256
+
+void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, int64_t hd,
+                 const int64_t *slots, int64_t bs, float *Kc, float *Vc) {
+    for (int64_t t = 0; t < T; t++) {
+        int64_t blk = slots[t] / bs, off = slots[t] % bs;
+        for (int64_t h = 0; h < n_kv_heads; h++) {
+            size_t dst = ((size_t)(blk * n_kv_heads + h) * bs + off) * hd;
+            memcpy(Kc + dst, k + (t * n_kv_heads + h) * hd, (size_t)hd * sizeof(float));
+            memcpy(Vc + dst, v + (t * n_kv_heads + h) * hd, (size_t)hd * sizeof(float));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- plain C
+ *
+ * One query row's G heads (one kv group) over n positions, block by block. Per head, m is the
+ * largest score so far, l the sum of e^(s - m), acc the sum of e^(s - m) v; when a block raises
+ * m, l and acc are first scaled by e^(m_old - m_new). */
+
 static float dot_plain(const float *a, const float *b, int64_t n) {
     float s = 0;
     for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
-static void axpy_plain(float a, const float *x, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+static void attend_group_plain(const float *q, int64_t G, int64_t hd, const float *Kc, const float *Vc,
+                               int64_t stride, int64_t bs, const int32_t *table, int64_t n, float scale,
+                               float *acc, float *out) {
+    float m[64], l[64], s[MAX_BS];
+    for (int64_t g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    memset(acc, 0, (size_t)(G * hd) * sizeof(float));
+    for (int64_t b = 0; b * bs < n; b++) {
+        int64_t nk = n - b * bs < bs ? n - b * bs : bs;
+        const float *Kb = Kc + (size_t)table[b] * stride, *Vb = Vc + (size_t)table[b] * stride;
+        for (int64_t g = 0; g < G; g++) {
+            const float *qg = q + g * hd;
+            float *a = acc + g * hd;
+            float bm = -INFINITY;
+            for (int64_t j = 0; j < nk; j++) {
+                s[j] = dot_plain(qg, Kb + j * hd, hd) * scale;
+                bm = s[j] > bm ? s[j] : bm;
+            }
+            if (bm > m[g]) {
+                float corr = m[g] == -INFINITY ? 0.0f : expf(m[g] - bm);
+                l[g] *= corr;
+                for (int64_t i = 0; i < hd; i++) a[i] *= corr;
+                m[g] = bm;
+            }
+            for (int64_t j = 0; j < nk; j++) {
+                float p = expf(s[j] - m[g]);
+                l[g] += p;
+                const float *vj = Vb + j * hd;
+                for (int64_t i = 0; i < hd; i++) a[i] += p * vj[i];
+            }
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float inv = 1.0f / l[g];
+        for (int64_t i = 0; i < hd; i++) out[g * hd + i] = acc[g * hd + i] * inv;
+    }
 }
 
+/* ---------------------------------------------------------------- AVX2 (hd a multiple of 8) */
+
 #if QW_HAVE_X86
-QW_TARGET_AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+QW_TARGET_AVX2 static float hsum8(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
     lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    float s = _mm_cvtss_f32(lo);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
+    return _mm_cvtss_f32(lo);
 }
 
-#endif
-
-/* One query row against kv head's keys/values for positions 0..len-1. */
-static void attend_one_plain(const float *q, const float *Kh, const float *Vh, int64_t len, int64_t hd,
-                             float scale, float *scores, float *out) {
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < len; j++) {
-        scores[j] = dot_plain(q, Kh + j * hd, hd) * scale;
-        mx = scores[j] > mx ? scores[j] : mx;
-    }
-    double sum = 0.0;
-    for (int64_t j = 0; j < len; j++) {
-        scores[j] = expf(scores[j] - mx);
-        sum += scores[j];
-    }
-    float inv = (float)(1.0 / sum);
-    memset(out, 0, (size_t)hd * sizeof(float));
-    for (int64_t j = 0; j < len; j++) axpy_plain(scores[j] * inv, Vh + j * hd, out, hd);
-}
-
-#if QW_HAVE_X86
-/* The same, vectorized where hd is a multiple of 8: scores 4 keys at a time (their 4 sums
- * reduced together), the exponentials 8 at a time, and the weighted sum of values 64 output
- * columns at a time, kept in registers across all keys. */
-QW_TARGET_AVX2 static void attend_one_avx2(const float *q, const float *Kh, const float *Vh, int64_t len,
-                                           int64_t hd, float scale, float *scores, float *out) {
+/* scores s[0..nk) of one head against a block's keys: 4 keys per pass, their sums reduced together */
+QW_TARGET_AVX2 static float block_scores_avx2(const float *qg, const float *Kb, int64_t nk, int64_t hd,
+                                              float scale, float *s) {
     int64_t j = 0;
     __m128 m4 = _mm_set1_ps(-INFINITY);
-    for (; j + 4 <= len; j += 4) {
-        const float *k0 = Kh + j * hd;
+    for (; j + 4 <= nk; j += 4) {
+        const float *k0 = Kb + j * hd;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int64_t i = 0; i < hd; i += 8) {
-            __m256 qv = _mm256_loadu_ps(q + i);
+            __m256 qv = _mm256_loadu_ps(qg + i);
             a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
             a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + hd + i), a1);
             a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * hd + i), a2);
             a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * hd + i), a3);
         }
-        /* [a0 a1 a2 a3] -> their 4 totals */
         __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
         __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
         s4 = _mm_mul_ps(s4, _mm_set1_ps(scale));
-        _mm_storeu_ps(scores + j, s4);
+        _mm_storeu_ps(s + j, s4);
         m4 = _mm_max_ps(m4, s4);
     }
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    float mx = _mm_cvtss_f32(m4);
-    for (; j < len; j++) {
-        scores[j] = dot_avx2(q, Kh + j * hd, hd) * scale;
-        mx = scores[j] > mx ? scores[j] : mx;
+    float bm = _mm_cvtss_f32(m4);
+    for (; j < nk; j++) {
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t i = 0; i < hd; i += 8)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(Kb + j * hd + i), a);
+        s[j] = hsum8(a) * scale;
+        bm = s[j] > bm ? s[j] : bm;
     }
-    __m256 vm = _mm256_set1_ps(mx);
-    __m256d sum4 = _mm256_setzero_pd();
-    j = 0;
-    for (; j + 8 <= len; j += 8) {
-        __m256 e = qw_exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vm));
-        _mm256_storeu_ps(scores + j, e);
-        sum4 = _mm256_add_pd(sum4, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        sum4 = _mm256_add_pd(sum4, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    return bm;
+}
+
+QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t hd, const float *Kc,
+                                             const float *Vc, int64_t stride, int64_t bs, const int32_t *table,
+                                             int64_t n, float scale, float *acc, float *out) {
+    float m[64], l[64];
+    _Alignas(32) float s[MAX_BS + 8];
+    for (int64_t g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
     }
-    double parts[4];
-    _mm256_storeu_pd(parts, sum4);
-    double sum = (parts[0] + parts[1]) + (parts[2] + parts[3]);
-    for (; j < len; j++) {
-        scores[j] = expf(scores[j] - mx);
-        sum += scores[j];
-    }
-    float inv = (float)(1.0 / sum);
-    for (int64_t c = 0; c < hd; c += 64) {
-        int64_t w = hd - c < 64 ? hd - c : 64; /* a multiple of 8 */
-        __m256 acc[8];
-        for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
-        for (int64_t k = 0; k < len; k++) {
-            __m256 p = _mm256_set1_ps(scores[k] * inv);
-            const float *v = Vh + k * hd + c;
-            for (int u = 0; u < w / 8; u++) acc[u] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * u), acc[u]);
+    memset(acc, 0, (size_t)(G * hd) * sizeof(float));
+    for (int64_t b = 0; b * bs < n; b++) {
+        int64_t nk = n - b * bs < bs ? n - b * bs : bs;
+        const float *Kb = Kc + (size_t)table[b] * stride, *Vb = Vc + (size_t)table[b] * stride;
+        for (int64_t g = 0; g < G; g++) {
+            float *a = acc + g * hd;
+            float bm = block_scores_avx2(q + g * hd, Kb, nk, hd, scale, s);
+            float corr = 1.0f;
+            if (bm > m[g]) {
+                corr = m[g] == -INFINITY ? 0.0f : expf(m[g] - bm);
+                l[g] *= corr;
+                m[g] = bm;
+            }
+            /* p = e^(s - m), 8 at a time; slots past nk are zeroed, not left at e^-87 */
+            __m256 vm = _mm256_set1_ps(m[g]), lsum = _mm256_setzero_ps();
+            for (int64_t j = 0; j < nk; j += 8) {
+                __m256 e = qw_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+                if (nk - j < 8) {
+                    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                    __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(nk - j)), idx);
+                    e = _mm256_and_ps(e, _mm256_castsi256_ps(keep));
+                }
+                _mm256_storeu_ps(s + j, e);
+                lsum = _mm256_add_ps(lsum, e);
+            }
+            l[g] += hsum8(lsum);
+            __m256 vc = _mm256_set1_ps(corr);
+            for (int64_t c = 0; c < hd; c += 64) {
+                int64_t w = (hd - c < 64 ? hd - c : 64) / 8;
+                __m256 r[8];
+                for (int u = 0; u < w; u++) r[u] = _mm256_mul_ps(_mm256_loadu_ps(a + c + 8 * u), vc);
+                for (int64_t j = 0; j < nk; j++) {
+                    __m256 p = _mm256_set1_ps(s[j]);
+                    const float *v = Vb + j * hd + c;
+                    for (int u = 0; u < w; u++) r[u] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * u), r[u]);
+                }
+                for (int u = 0; u < w; u++) _mm256_storeu_ps(a + c + 8 * u, r[u]);
+            }
         }
-        for (int u = 0; u < w / 8; u++) _mm256_storeu_ps(out + c + 8 * u, acc[u]);
+    }
+    for (int64_t g = 0; g < G; g++) {
+        __m256 inv = _mm256_set1_ps(1.0f / l[g]);
+        for (int64_t i = 0; i < hd; i += 8)
+            _mm256_storeu_ps(out + g * hd + i, _mm256_mul_ps(_mm256_loadu_ps(acc + g * hd + i), inv));
     }
 }
 #endif
 
-static void attend_one(const float *q, const float *Kh, const float *Vh, int64_t len, int64_t hd,
-                       float scale, float *scores, float *out, int simd) {
-#if QW_HAVE_X86
-    if (simd && hd % 8 == 0) {
-        attend_one_avx2(q, Kh, Vh, len, hd, scale, scores, out);
-        return;
-    }
-#else
+int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
+                       const float *Kc, const float *Vc, int64_t bs, const int32_t *block_tables,
+                       int64_t max_blocks, const int32_t *row_seq, const int64_t *row_pos, float scale,
+                       float *out) {
+    int64_t G = n_heads / n_kv_heads;
+    int64_t stride = n_kv_heads * bs * hd; /* floats per block */
+    if (G > 64 || bs > MAX_BS || bs < 1) return -1;
+    int simd = qw_use_avx2() && hd % 8 == 0;
     (void)simd;
-#endif
-    attend_one_plain(q, Kh, Vh, len, hd, scale, scores, out);
-}
-
-void qw_attention(const float *q, const float *K, const float *V, int64_t T, int64_t start, int64_t n_heads,
-                  int64_t n_kv_heads, int64_t hd, int64_t cap, float scale, float *out) {
-    int64_t group = n_heads / n_kv_heads;
-    int simd = qw_use_avx2();
-#pragma omp parallel
+    int failed = 0;
+#pragma omp parallel num_threads(qw_get_threads())
     {
-        float *scores = malloc((size_t)(start + T) * sizeof(float));
+        float *acc = malloc((size_t)(G * hd) * sizeof(float));
+        if (!acc) {
+#pragma omp atomic write
+            failed = 1;
+        }
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int64_t t = 0; t < T; t++)
-            for (int64_t h = 0; h < n_heads; h++) {
-                if (!scores) continue;
-                int64_t kvh = h / group;
-                attend_one(q + (t * n_heads + h) * hd, K + kvh * cap * hd, V + kvh * cap * hd, start + t + 1,
-                           hd, scale, scores, out + (t * n_heads + h) * hd, simd);
+            for (int64_t kvh = 0; kvh < n_kv_heads; kvh++) {
+                if (!acc) continue;
+                const int32_t *table = block_tables + (size_t)row_seq[t] * max_blocks;
+                const float *qg = q + (t * n_heads + kvh * G) * hd;
+                float *og = out + (t * n_heads + kvh * G) * hd;
+                const float *Kh = Kc + kvh * bs * hd, *Vh = Vc + kvh * bs * hd;
+#if QW_HAVE_X86
+                if (simd)
+                    attend_group_avx2(qg, G, hd, Kh, Vh, stride, bs, table, row_pos[t] + 1, scale, acc, og);
+                else
+#endif
+                    attend_group_plain(qg, G, hd, Kh, Vh, stride, bs, table, row_pos[t] + 1, scale, acc, og);
             }
-        free(scores);
+        free(acc);
     }
+    return failed ? -1 : 0;
 }

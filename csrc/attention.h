@@ -1,15 +1,35 @@
-/* Causal grouped-query attention of new tokens over a sequence's KV cache. */
+/* Causal grouped-query attention over a paged KV cache.
+ *
+ * Keys and values of many sequences share one pool per layer, cut into blocks of `bs` token
+ * slots: Kc and Vc are [n_blocks, n_kv_heads, bs, hd] float32, so a block holds, per kv head,
+ * bs consecutive positions' vectors contiguously. A sequence's positions live in the blocks its
+ * block table lists: position p is slot p % bs of block table[p / bs].
+ */
 #ifndef QWENC_ATTENTION_H
 #define QWENC_ATTENTION_H
 
 #include <stdint.h>
 
-/* q:   [T, n_heads, hd]       queries of T new tokens at positions start .. start+T-1
- * K,V: [n_kv_heads, cap, hd]  the cache, already holding positions 0 .. start+T-1
- * out: [T, n_heads, hd]
- * Query head h reads kv head h / (n_heads / n_kv_heads); token t sees positions 0 .. start+t.
- * Scores are scaled by `scale` and softmaxed with the row max subtracted. */
-void qw_attention(const float *q, const float *K, const float *V, int64_t T, int64_t start, int64_t n_heads,
-                  int64_t n_kv_heads, int64_t hd, int64_t cap, float scale, float *out);
+/* Store the keys and values of T new tokens: k, v are [T, n_kv_heads, hd]; token t goes to
+ * slot slots[t] (block * bs + offset) of the pool. */
+void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, int64_t hd,
+                 const int64_t *slots, int64_t bs, float *Kc, float *Vc);
+
+/* out[t] = softmax(scale * q[t] K^T) V for T query rows of the sequences of one step.
+ *
+ * q, out:        [T, n_heads, hd]
+ * row_seq[t]:    which sequence row t belongs to (a row of block_tables)
+ * row_pos[t]:    its position; it attends to its sequence's positions 0 .. row_pos[t]
+ * block_tables:  [n_seqs, max_blocks] block ids, valid up to block row_pos / bs of each row
+ *
+ * Query head h reads kv head h / (n_heads / n_kv_heads). Each (row, kv head) is computed on its
+ * own, with a softmax that carries its running max and sum block by block (the max subtracted
+ * before every exp), so a row's result depends on its own inputs only: never on the other rows of
+ * the step or on the thread count. Returns 0, or -1 when scratch memory could not be allocated
+ * (out is then incomplete). */
+int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
+                       const float *Kc, const float *Vc, int64_t bs, const int32_t *block_tables,
+                       int64_t max_blocks, const int32_t *row_seq, const int64_t *row_pos, float scale,
+                       float *out);
 
 #endif

@@ -34,9 +34,15 @@ int qw_set_simd(int enabled) {
     return prev;
 }
 
+/* The kernels' thread count. A global, not OpenMP's per-thread setting: the setting made by
+ * the thread that loads a model must hold in whichever thread later runs its steps (an engine's
+ * loop, a server's worker), and each parallel region asks for it with num_threads(). */
+static int n_threads = 0;
+
 int qw_get_threads(void) {
 #ifdef _OPENMP
-    return omp_get_max_threads();
+    int n = __atomic_load_n(&n_threads, __ATOMIC_RELAXED);
+    return n > 0 ? n : omp_get_max_threads();
 #else
     return 1;
 #endif
@@ -44,7 +50,7 @@ int qw_get_threads(void) {
 
 void qw_set_threads(int n) {
 #ifdef _OPENMP
-    if (n > 0) omp_set_num_threads(n);
+    if (n > 0) __atomic_store_n(&n_threads, n, __ATOMIC_RELAXED);
 #else
     (void)n;
 #endif

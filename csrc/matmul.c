@@ -67,7 +67,7 @@ static void matmul_rows_group(const qw_product *p, int count, int64_t K, const f
      * chunks are long runs of rows (half the rows over the threads, then smaller, down to
      * ROW_CHUNK): a thread streaming one long run keeps the hardware prefetchers ahead of it,
      * where short interleaved chunks left decode's products at half the memory bandwidth. */
-#pragma omp parallel for schedule(guided, ROW_CHUNK)
+#pragma omp parallel for num_threads(qw_get_threads()) schedule(guided, ROW_CHUNK)
     for (int64_t r = 0; r < start[count]; r++) {
         int i = 0;
         while (r >= start[i + 1]) i++;
@@ -177,7 +177,7 @@ static void matmul_tiled(const uint8_t *W, int dtype, int64_t N, int64_t K, cons
     int64_t n_tiles = (N + rows_per_tile - 1) / rows_per_tile;
     int simd = qw_use_avx2();
     (void)simd;
-#pragma omp parallel
+#pragma omp parallel num_threads(qw_get_threads())
     {
         float *T = malloc((size_t)rows_per_tile * (size_t)K * sizeof(float));
 #pragma omp for schedule(dynamic, 1)

@@ -7,7 +7,7 @@
 #include "vecmath.h"
 
 void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) {
-#pragma omp parallel for schedule(static) if (M * D > 65536)
+#pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (M * D > 65536)
     for (int64_t r = 0; r < M; r++) {
         const float *xr = x + r * D;
         float *o = out + r * D;
@@ -20,7 +20,7 @@ void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D,
 
 void qw_rope(float *x, int64_t T, int64_t H, int64_t hd, const int64_t *pos, const float *inv_freq) {
     int64_t half = hd / 2;
-#pragma omp parallel for schedule(static) if (T * H * hd > 65536)
+#pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (T * H * hd > 65536)
     for (int64_t t = 0; t < T; t++) {
         float p = (float)pos[t];
         for (int64_t i = 0; i < half; i++) {
@@ -66,7 +66,7 @@ void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out) {
     void (*f)(const float *, const float *, int64_t, float *) = silu_mul_plain;
 #endif
     int64_t chunks = (n + SILU_CHUNK - 1) / SILU_CHUNK;
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (n > 65536)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t i0 = c * SILU_CHUNK, len = n - i0 < SILU_CHUNK ? n - i0 : SILU_CHUNK;
         f(gate + i0, up + i0, len, out + i0);

@@ -42,8 +42,12 @@ cdef extern from "ops.h":
     void qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T, float *out) nogil
 
 cdef extern from "attention.h":
-    void qw_attention(const float *q, const float *K, const float *V, int64_t T, int64_t start, int64_t n_heads,
-                      int64_t n_kv_heads, int64_t hd, int64_t cap, float scale, float *out) nogil
+    void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, int64_t hd,
+                     const int64_t *slots, int64_t bs, float *Kc, float *Vc) nogil
+    int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
+                           const float *Kc, const float *Vc, int64_t bs, const int32_t *block_tables,
+                           int64_t max_blocks, const int32_t *row_seq, const int64_t *row_pos, float scale,
+                           float *out) nogil
 
 cdef extern from "sample.h":
     int64_t qw_argmax(const float *x, int64_t n) nogil
@@ -204,23 +208,65 @@ def softmax(float[:, ::1] x):
 
 # ---------------------------------------------------------------- attention
 
-def attention(const float[:, :, ::1] q, const float[:, :, ::1] K, const float[:, :, ::1] V, int64_t start,
-              float scale, float[:, :, ::1] out):
-    """Causal GQA attention of q[T, H, hd] (positions start..start+T-1) over K, V [Hkv, cap, hd]."""
-    cdef int64_t T = q.shape[0], H = q.shape[1], hd = q.shape[2]
-    cdef int64_t Hkv = K.shape[0], cap = K.shape[1]
-    if K.shape[2] != hd or V.shape[0] != Hkv or V.shape[1] != cap or V.shape[2] != hd:
-        raise ValueError("attention cache shape mismatch")
-    if Hkv == 0 or H % Hkv != 0:
-        raise ValueError(f"{H} query heads cannot share {Hkv} kv heads evenly")
-    if start < 0 or start + T > cap:
-        raise ValueError(f"positions {start}..{start + T - 1} exceed the cache of {cap}")
-    if out.shape[0] != T or out.shape[1] != H or out.shape[2] != hd:
-        raise ValueError("attention output shape mismatch")
+cdef bint _same_shape4(const float[:, :, :, ::1] a, const float[:, :, :, ::1] b):
+    return a.shape[0] == b.shape[0] and a.shape[1] == b.shape[1] and a.shape[2] == b.shape[2] and a.shape[3] == b.shape[3]
+
+
+def kv_write(const float[:, :, ::1] k, const float[:, :, ::1] v, const int64_t[::1] slots,
+             float[:, :, :, ::1] Kc, float[:, :, :, ::1] Vc):
+    """Store k, v [T, Hkv, hd] of T new tokens into slots (block * bs + offset) of the pools
+    Kc, Vc [n_blocks, Hkv, bs, hd]."""
+    cdef int64_t T = k.shape[0], Hkv = k.shape[1], hd = k.shape[2], t
+    cdef int64_t nb = Kc.shape[0], bs = Kc.shape[2]
+    if v.shape[0] != T or v.shape[1] != Hkv or v.shape[2] != hd or slots.shape[0] != T:
+        raise ValueError("kv_write shape mismatch")
+    if Kc.shape[1] != Hkv or Kc.shape[3] != hd or not _same_shape4(Kc, Vc):
+        raise ValueError("kv_write pool shape mismatch")
+    for t in range(T):
+        if slots[t] < 0 or slots[t] >= nb * bs:
+            raise ValueError(f"slot {slots[t]} outside the pool of {nb} blocks of {bs}")
     if T == 0:
         return
     with nogil:
-        qw_attention(&q[0, 0, 0], &K[0, 0, 0], &V[0, 0, 0], T, start, H, Hkv, hd, cap, scale, &out[0, 0, 0])
+        qw_kv_write(&k[0, 0, 0], &v[0, 0, 0], T, Hkv, hd, &slots[0], bs, &Kc[0, 0, 0, 0], &Vc[0, 0, 0, 0])
+
+
+def paged_attention(const float[:, :, ::1] q, const float[:, :, :, ::1] Kc, const float[:, :, :, ::1] Vc,
+                    const int32_t[:, ::1] block_tables, const int32_t[::1] row_seq, const int64_t[::1] row_pos,
+                    float scale, float[:, :, ::1] out):
+    """Causal GQA attention of q [T, H, hd] over the paged pools Kc, Vc [n_blocks, Hkv, bs, hd]:
+    row t attends to positions 0..row_pos[t] of sequence row_seq[t], whose blocks are listed in
+    block_tables[row_seq[t]]."""
+    cdef int64_t T = q.shape[0], H = q.shape[1], hd = q.shape[2]
+    cdef int64_t nb = Kc.shape[0], Hkv = Kc.shape[1], bs = Kc.shape[2]
+    cdef int64_t S = block_tables.shape[0], mb = block_tables.shape[1], t, b, nblk
+    cdef int rc
+    if Kc.shape[3] != hd or not _same_shape4(Kc, Vc):
+        raise ValueError("attention pool shape mismatch")
+    if Hkv == 0 or H % Hkv != 0 or H // Hkv > 64:
+        raise ValueError(f"{H} query heads cannot share {Hkv} kv heads evenly (at most 64 per kv head)")
+    if bs < 1 or bs > 256:
+        raise ValueError(f"block size {bs} outside 1..256")
+    if row_seq.shape[0] != T or row_pos.shape[0] != T:
+        raise ValueError("attention row arrays differ in length from q")
+    if out.shape[0] != T or out.shape[1] != H or out.shape[2] != hd:
+        raise ValueError("attention output shape mismatch")
+    for t in range(T):
+        if row_seq[t] < 0 or row_seq[t] >= S:
+            raise ValueError(f"row {t}: sequence {row_seq[t]} outside the {S} block tables")
+        if row_pos[t] < 0 or row_pos[t] // bs >= mb:
+            raise ValueError(f"row {t}: position {row_pos[t]} beyond its block table of {mb} blocks")
+        nblk = row_pos[t] // bs + 1
+        for b in range(nblk):
+            if block_tables[row_seq[t], b] < 0 or block_tables[row_seq[t], b] >= nb:
+                raise ValueError(f"row {t}: block id {block_tables[row_seq[t], b]} outside the pool of {nb}")
+    if T == 0:
+        return
+    with nogil:
+        rc = qw_paged_attention(&q[0, 0, 0], T, H, Hkv, hd, &Kc[0, 0, 0, 0], &Vc[0, 0, 0, 0], bs,
+                                &block_tables[0, 0], mb, &row_seq[0], &row_pos[0], scale, &out[0, 0, 0])
+    if rc != 0:
+        raise MemoryError("attention: out of memory for its scratch buffers")
 
 
 # ---------------------------------------------------------------- sampling

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from .tensors import row_bytes
+from .formats.tensors import row_bytes
 
 
 def weight_bytes_per_token(model) -> int:

@@ -37,7 +37,7 @@ def _sampling(args):
 
 def _load(args):
     import qwenc
-    from qwenc.demo import DemoModelMissing, demo_model_path
+    from qwenc.formats.demo import DemoModelMissing, demo_model_path
     spec = args.model or os.environ.get("QWENC_MODEL")
     if not spec:
         try:
@@ -65,7 +65,7 @@ def _stats(gen, out=None):
 # ---------------------------------------------------------------- gen
 
 def cmd_gen(args):
-    from qwenc.textgen import Generation, render_chat
+    from qwenc.engine.generate import Generation, render_chat
     model = _load(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if args.chat:
@@ -91,7 +91,7 @@ CHAT_HELP = "/reset clears the conversation, /exit or Ctrl-D quits, Ctrl-C stops
 
 
 def cmd_chat(args):
-    from qwenc.textgen import ChatSession
+    from qwenc.engine.generate import ChatSession
     model = _load(args)
     session = ChatSession(model, system=args.system, max_tokens=args.max_tokens, stop=args.stop,
                           **_sampling(args))

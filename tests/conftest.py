@@ -10,7 +10,7 @@ def demo_gguf():
     Skipped locally when the demo extra is not installed; under CI (CI=true) its absence is a
     failure, so a missing install step cannot pass silently.
     """
-    from qwenc.demo import DemoModelMissing, demo_model_path
+    from qwenc.formats.demo import DemoModelMissing, demo_model_path
 
     try:
         return str(demo_model_path(progress=None))

@@ -3,7 +3,7 @@ tokenizer directory (tokenizer.json + tokenizer_config.json with the chat templa
 random-weight model directory can carry."""
 import json
 
-from qwenc.tokenizer import QWEN2_PATTERN, QWEN_NON_SPECIAL
+from qwenc.text.tokenizer import QWEN2_PATTERN, QWEN_NON_SPECIAL
 
 GGUF_KEYS = ["tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.merges",
              "tokenizer.ggml.token_type", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qwenc.chat_template import (CHATML_TEMPLATE, ENVIRONMENT, ChatTemplate, ChatTemplateError,
+from qwenc.text.chat_template import (CHATML_TEMPLATE, ENVIRONMENT, ChatTemplate, ChatTemplateError,
                                  compile_chat_template, render_chat_template, render_compiled,
                                  template_variables)
 

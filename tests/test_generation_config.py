@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from qwenc.generation_config import load_generation_defaults, resolve_sampling
+from qwenc.formats.generation_config import load_generation_defaults, resolve_sampling
 
 # Qwen2.5-0.5B-Instruct's generation_config.json.
 QWEN25_INSTRUCT = {

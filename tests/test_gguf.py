@@ -9,8 +9,8 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as GT  # noqa: E402
 from gguf import GGUFValueType as VT  # noqa: E402
 
-from qwenc.gguf import GGML_TYPES, GGUFError, gguf_to_hf, hf_tensor_name, open_gguf  # noqa: E402
-from qwenc.tensors import F16, F32, Q8_0, Tensor  # noqa: E402
+from qwenc.formats.gguf import GGML_TYPES, GGUFError, gguf_to_hf, hf_tensor_name, open_gguf  # noqa: E402
+from qwenc.formats.tensors import F16, F32, Q8_0, Tensor  # noqa: E402
 
 
 # ---------------------------------------------------------------- the demo file vs GGUFReader

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from qwenc import _ops
-from qwenc.tensors import BF16, F16, F32
+from qwenc.formats.tensors import BF16, F16, F32
 
 rng = np.random.default_rng(1234)
 
@@ -163,31 +163,105 @@ def attention_reference(q, K, V, start, scale):
     return out
 
 
-@pytest.mark.parametrize("H,Hkv", [(4, 4), (4, 2), (6, 2), (8, 1)])
+def paged(seqs, bs, spare=3):
+    """Pools [n_blocks, Hkv, bs, hd] holding each (K, V) [Hkv, cap, hd] of `seqs` in blocks
+    scattered in a random order (plus unused blocks), and the block tables [len(seqs), width]."""
+    Hkv, _, hd = seqs[0][0].shape
+    need = [-(-K.shape[1] // bs) for K, _ in seqs]
+    order = rng.permutation(sum(need) + spare).astype(np.int32)
+    Kc = rng.standard_normal((len(order), Hkv, bs, hd)).astype(np.float32) * 100  # garbage elsewhere
+    Vc = rng.standard_normal((len(order), Hkv, bs, hd)).astype(np.float32) * 100
+    tables = np.full((len(seqs), max(need)), -1, np.int32)
+    at = 0
+    for s, (K, V) in enumerate(seqs):
+        for b in range(need[s]):
+            blk = order[at]
+            at += 1
+            tables[s, b] = blk
+            part = slice(b * bs, min((b + 1) * bs, K.shape[1]))
+            n = part.stop - part.start
+            Kc[blk, :, :n] = K[:, part]
+            Vc[blk, :, :n] = V[:, part]
+    tables[tables < 0] = 0
+    return Kc, Vc, tables
+
+
+def run_paged(q, K, V, start, scale, bs=16):
+    Kc, Vc, tables = paged([(K, V)], bs)
+    T = q.shape[0]
+    out = np.empty_like(q)
+    _ops.paged_attention(q, Kc, Vc, tables, np.zeros(T, np.int32), np.arange(start, start + T, dtype=np.int64),
+                         scale, out)
+    return out
+
+
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (4, 2), (6, 2), (8, 1), (14, 2)])
 @pytest.mark.parametrize("T,start", [(1, 0), (1, 9), (5, 0), (4, 6)])
 def test_attention_gqa_causal(path, H, Hkv, T, start):
     hd, cap = 32, 16
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
     K = (rng.standard_normal((Hkv, cap, hd)) * 3).astype(np.float32)
     V = rng.standard_normal((Hkv, cap, hd)).astype(np.float32)
-    out = np.empty_like(q)
-    _ops.attention(q, K, V, start, hd ** -0.5, out)
-    np.testing.assert_allclose(out, attention_reference(q, K, V, start, hd ** -0.5), atol=2e-5)
+    for bs in (1, 5, 16):
+        out = run_paged(q, K, V, start, hd ** -0.5, bs)
+        np.testing.assert_allclose(out, attention_reference(q, K, V, start, hd ** -0.5), atol=2e-5)
 
 
 @pytest.mark.parametrize("hd", [8, 12, 64, 80, 128, 256])
 @pytest.mark.parametrize("T,start", [(1, 0), (1, 3), (1, 300), (7, 0), (13, 290)])
 def test_attention_head_dims_and_lengths(path, hd, T, start):
     """Head sizes that are and are not multiples of 8 (the AVX2 kernel takes 64 output columns
-    at a time, keys 4 and exponentials 8 at a time), contexts not a multiple of either."""
+    at a time, keys 4 and exponentials 8 at a time), contexts not a multiple of either, and a
+    peaked softmax whose max arrives in a later block than the first."""
     H, Hkv, cap = 6, 2, 320
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
     K = (rng.standard_normal((Hkv, cap, hd)) * 2).astype(np.float32)
     V = rng.standard_normal((Hkv, cap, hd)).astype(np.float32)
     K[:, start // 2] *= 20  # one key far above the others: a peaked softmax, tiny weights elsewhere
-    out = np.empty_like(q)
-    _ops.attention(q, K, V, start, hd ** -0.5, out)
+    out = run_paged(q, K, V, start, hd ** -0.5)
     np.testing.assert_allclose(out, attention_reference(q, K, V, start, hd ** -0.5), atol=3e-5)
+
+
+def test_attention_many_sequences_one_call(path):
+    """Rows of several sequences of different lengths in one call, each through its own block
+    table; each row's result is bit-identical to the row computed alone (batch invariance)."""
+    H, Hkv, hd, bs = 6, 2, 64, 16
+    lens = [1, 17, 40, 5, 33]
+    seqs = [((rng.standard_normal((Hkv, n, hd)) * 2).astype(np.float32),
+             rng.standard_normal((Hkv, n, hd)).astype(np.float32)) for n in lens]
+    Kc, Vc, tables = paged(seqs, bs)
+    # every sequence's last 1..3 positions as query rows, interleaved
+    rows = [(s, p) for s, n in enumerate(lens) for p in range(max(0, n - 3), n)]
+    rng.shuffle(rows)
+    q = rng.standard_normal((len(rows), H, hd)).astype(np.float32)
+    row_seq = np.array([s for s, _ in rows], np.int32)
+    row_pos = np.array([p for _, p in rows], np.int64)
+    out = np.empty_like(q)
+    _ops.paged_attention(q, Kc, Vc, tables, row_seq, row_pos, hd ** -0.5, out)
+    for t, (s, p) in enumerate(rows):
+        K, V = seqs[s]
+        want = attention_reference(q[t:t + 1], K, V, p, hd ** -0.5)
+        np.testing.assert_allclose(out[t:t + 1], want, atol=3e-5)
+        alone = np.empty_like(q[t:t + 1])
+        _ops.paged_attention(q[t:t + 1], Kc, Vc, tables[s:s + 1], np.zeros(1, np.int32), row_pos[t:t + 1],
+                             hd ** -0.5, alone)
+        np.testing.assert_array_equal(alone, out[t:t + 1])
+
+
+def test_kv_write_places_rows_in_their_slots(path):
+    Hkv, hd, bs = 2, 8, 4
+    Kc = np.zeros((5, Hkv, bs, hd), np.float32)
+    Vc = np.zeros_like(Kc)
+    k = rng.standard_normal((3, Hkv, hd)).astype(np.float32)
+    v = rng.standard_normal((3, Hkv, hd)).astype(np.float32)
+    slots = np.array([2 * bs + 1, 4 * bs + 3, 0], np.int64)
+    _ops.kv_write(k, v, slots, Kc, Vc)
+    for t, sl in enumerate(slots):
+        np.testing.assert_array_equal(Kc[sl // bs, :, sl % bs], k[t])
+        np.testing.assert_array_equal(Vc[sl // bs, :, sl % bs], v[t])
+    assert np.count_nonzero(Kc) == k.size
+    with pytest.raises(ValueError):
+        _ops.kv_write(k, v, np.array([0, 1, 5 * bs], np.int64), Kc, Vc)
 
 
 def test_attention_large_scores_do_not_overflow(path):
@@ -195,17 +269,24 @@ def test_attention_large_scores_do_not_overflow(path):
     K = np.full((1, 4, 8), 30.0, np.float32)
     K[0, 2] = 31.0
     V = np.arange(32, dtype=np.float32).reshape(1, 4, 8)
-    out = np.empty_like(q)
-    _ops.attention(q, K, V, 3, 1.0, out)  # scores ~7200: exp overflows without the max
+    out = run_paged(q, K, V, 3, 1.0)  # scores ~7200: exp overflows without the max
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out[0, 0], V[0, 2])
 
 
-def test_attention_rejects_overflowing_positions():
+def test_attention_rejects_positions_beyond_the_table():
     q = np.zeros((2, 2, 8), np.float32)
-    K = np.zeros((1, 4, 8), np.float32)
-    with pytest.raises(ValueError):
-        _ops.attention(q, K, K, 3, 1.0, np.empty_like(q))
+    Kc = np.zeros((2, 1, 4, 8), np.float32)
+    tables = np.array([[0, 1]], np.int32)
+    with pytest.raises(ValueError):  # position 8 needs a third block
+        _ops.paged_attention(q, Kc, Kc, tables, np.zeros(2, np.int32), np.array([7, 8], np.int64), 1.0,
+                             np.empty_like(q))
+    with pytest.raises(ValueError):  # block id outside the pool
+        _ops.paged_attention(q, Kc, Kc, np.array([[0, 2]], np.int32), np.zeros(2, np.int32),
+                             np.array([6, 7], np.int64), 1.0, np.empty_like(q))
+    with pytest.raises(ValueError):  # sequence row outside the tables
+        _ops.paged_attention(q, Kc, Kc, tables, np.array([0, 1], np.int32), np.array([1, 2], np.int64), 1.0,
+                             np.empty_like(q))
 
 
 def test_embed(path):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import qwenc
-from qwenc.tensors import BF16, F32
+from qwenc.formats.tensors import BF16, F32
 from modelgen import make_model
 
 

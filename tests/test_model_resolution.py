@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import qwenc
-import qwenc.demo
+import qwenc.formats.demo
 from qwenc import cli
-from qwenc.loader import resolve_model_path
+from qwenc.formats.resolve import resolve_model_path
 from modelgen import make_model
 from oracles import qwen2_pipeline
 
@@ -45,7 +45,7 @@ def _tokenizer():
     return tok, vocab
 
 
-# HF name -> GGUF name, written out here rather than taken from qwenc.gguf so that a wrong
+# HF name -> GGUF name, written out here rather than taken from qwenc.formats.gguf so that a wrong
 # mapping there cannot cancel itself out.
 _GGUF_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -252,7 +252,7 @@ def test_cli_without_any_model_says_how_to_get_one(tmp_path, monkeypatch, capsys
     cache.mkdir()
     monkeypatch.setenv("QWENC_CACHE", str(cache))
     monkeypatch.delenv("QWENC_MODEL", raising=False)
-    monkeypatch.setattr(qwenc.demo, "part_paths", lambda: None)
+    monkeypatch.setattr(qwenc.formats.demo, "part_paths", lambda: None)
     for command in (["gen", "hi"], ["chat"], ["bench"]):
         with pytest.raises(SystemExit) as exc:
             cli.main(command)
@@ -277,8 +277,8 @@ def fake_parts(tmp_path, monkeypatch):
         p.write_bytes(blob)
         parts.append(p)
     whole = b"".join(blobs)
-    monkeypatch.setattr(qwenc.demo, "DEMO_SIZE", len(whole))
-    monkeypatch.setattr(qwenc.demo, "DEMO_SHA256", hashlib.sha256(whole).hexdigest())
+    monkeypatch.setattr(qwenc.formats.demo, "DEMO_SIZE", len(whole))
+    monkeypatch.setattr(qwenc.formats.demo, "DEMO_SHA256", hashlib.sha256(whole).hexdigest())
     return parts, whole
 
 
@@ -286,7 +286,7 @@ def test_assemble_concatenates_in_order(fake_parts, tmp_path):
     parts, whole = fake_parts
     target = tmp_path / "cache" / "model.gguf"
     progress = io.StringIO()
-    assert qwenc.demo.assemble(parts, target, progress=progress) == target
+    assert qwenc.formats.demo.assemble(parts, target, progress=progress) == target
     assert target.read_bytes() == whole
     assert list(target.parent.iterdir()) == [target]
     assert progress.getvalue().endswith("\n") and "assembling demo model" in progress.getvalue()
@@ -294,19 +294,19 @@ def test_assemble_concatenates_in_order(fake_parts, tmp_path):
 
 def test_assemble_refuses_wrong_size(fake_parts, tmp_path, monkeypatch):
     parts, whole = fake_parts
-    monkeypatch.setattr(qwenc.demo, "DEMO_SIZE", len(whole) + 1)
+    monkeypatch.setattr(qwenc.formats.demo, "DEMO_SIZE", len(whole) + 1)
     target = tmp_path / "cache" / "model.gguf"
-    with pytest.raises(qwenc.demo.DemoModelMissing, match=f"{len(whole)} bytes, expected {len(whole) + 1}"):
-        qwenc.demo.assemble(parts, target, progress=None)
+    with pytest.raises(qwenc.formats.demo.DemoModelMissing, match=f"{len(whole)} bytes, expected {len(whole) + 1}"):
+        qwenc.formats.demo.assemble(parts, target, progress=None)
     assert not target.parent.exists() or list(target.parent.iterdir()) == []
 
 
 def test_assemble_refuses_wrong_hash_and_leaves_nothing(fake_parts, tmp_path, monkeypatch):
     parts, whole = fake_parts
-    monkeypatch.setattr(qwenc.demo, "DEMO_SHA256", hashlib.sha256(whole[:-1] + b"x").hexdigest())
+    monkeypatch.setattr(qwenc.formats.demo, "DEMO_SHA256", hashlib.sha256(whole[:-1] + b"x").hexdigest())
     target = tmp_path / "cache" / "model.gguf"
-    with pytest.raises(qwenc.demo.DemoModelMissing, match="SHA-256"):
-        qwenc.demo.assemble(parts, target, progress=None)
+    with pytest.raises(qwenc.formats.demo.DemoModelMissing, match="SHA-256"):
+        qwenc.formats.demo.assemble(parts, target, progress=None)
     assert list(target.parent.iterdir()) == []  # the partial file is gone
 
 
@@ -315,9 +315,9 @@ def test_failed_assembly_keeps_an_existing_file(fake_parts, tmp_path, monkeypatc
     target = tmp_path / "cache" / "model.gguf"
     target.parent.mkdir()
     target.write_bytes(b"previous")
-    monkeypatch.setattr(qwenc.demo, "DEMO_SHA256", "0" * 64)
-    with pytest.raises(qwenc.demo.DemoModelMissing):
-        qwenc.demo.assemble(parts, target, progress=None)
+    monkeypatch.setattr(qwenc.formats.demo, "DEMO_SHA256", "0" * 64)
+    with pytest.raises(qwenc.formats.demo.DemoModelMissing):
+        qwenc.formats.demo.assemble(parts, target, progress=None)
     assert target.read_bytes() == b"previous"
     assert list(target.parent.iterdir()) == [target]
 
@@ -329,8 +329,8 @@ def test_a_corrupted_part_is_caught_by_the_hash(fake_parts, tmp_path):
     data[12345] ^= 0xFF
     parts[2].write_bytes(bytes(data))
     target = tmp_path / "cache" / "model.gguf"
-    with pytest.raises(qwenc.demo.DemoModelMissing, match="SHA-256"):
-        qwenc.demo.assemble(parts, target, progress=None)
+    with pytest.raises(qwenc.formats.demo.DemoModelMissing, match="SHA-256"):
+        qwenc.formats.demo.assemble(parts, target, progress=None)
     assert not target.exists()
 
 
@@ -338,15 +338,15 @@ def test_demo_model_path_assembles_once(fake_parts, tmp_path, monkeypatch):
     parts, whole = fake_parts
     monkeypatch.setenv("QWENC_CACHE", str(tmp_path / "qc"))
     calls = []
-    monkeypatch.setattr(qwenc.demo, "part_paths", lambda: calls.append(1) or parts)
-    path = qwenc.demo.demo_model_path(progress=None)
-    assert path == tmp_path / "qc" / qwenc.demo.DEMO_FILENAME and path.read_bytes() == whole
-    assert qwenc.demo.demo_model_path(progress=None) == path
+    monkeypatch.setattr(qwenc.formats.demo, "part_paths", lambda: calls.append(1) or parts)
+    path = qwenc.formats.demo.demo_model_path(progress=None)
+    assert path == tmp_path / "qc" / qwenc.formats.demo.DEMO_FILENAME and path.read_bytes() == whole
+    assert qwenc.formats.demo.demo_model_path(progress=None) == path
     assert len(calls) == 1  # the second call found the assembled file and did not touch the parts
 
 
 def test_demo_model_path_without_parts(tmp_path, monkeypatch):
     monkeypatch.setenv("QWENC_CACHE", str(tmp_path / "qc"))
-    monkeypatch.setattr(qwenc.demo, "part_paths", lambda: None)
+    monkeypatch.setattr(qwenc.formats.demo, "part_paths", lambda: None)
     with pytest.raises(FileNotFoundError, match="pip install"):
-        qwenc.demo.demo_model_path(progress=None)
+        qwenc.formats.demo.demo_model_path(progress=None)

@@ -161,20 +161,24 @@ def rope_adjacent(x, pos, inv_freq):
 
 
 def numpy_attention(kv_head_of, subtract_max=True):
-    def attention(q, K, V, start, scale, out):
+    """paged_attention in numpy: gathers each row's keys and values through its block table."""
+    def paged_attention(q, Kc, Vc, tables, row_seq, row_pos, scale, out):
         T, H, hd = q.shape
-        Hkv = K.shape[0]
+        Hkv, bs = Kc.shape[1], Kc.shape[2]
         for t in range(T):
-            n = start + t + 1
+            n = int(row_pos[t]) + 1
+            blocks = tables[row_seq[t], :-(-n // bs)]
+            K = Kc[blocks].transpose(1, 0, 2, 3).reshape(Hkv, -1, hd)[:, :n]
+            V = Vc[blocks].transpose(1, 0, 2, 3).reshape(Hkv, -1, hd)[:, :n]
             for h in range(H):
                 kvh = kv_head_of(h, H, Hkv)
-                s = (K[kvh, :n] @ q[t, h]) * np.float32(scale)
+                s = (K[kvh] @ q[t, h]) * np.float32(scale)
                 if subtract_max:
                     s = s - s.max()
                 with np.errstate(over="ignore", invalid="ignore"):
                     e = np.exp(s)
-                    out[t, h] = (e / e.sum()) @ V[kvh, :n]
-    return attention
+                    out[t, h] = (e / e.sum()) @ V[kvh]
+    return paged_attention
 
 
 def gqa_div(h, H, Hkv):
@@ -186,9 +190,9 @@ def gqa_mod(h, H, Hkv):
 
 
 def parity_error(path, ref, monkeypatch, ops=None, drop_qk_norm=False):
-    import qwenc.model
+    import qwenc.model.forward
     if ops is not None:
-        monkeypatch.setattr(qwenc.model, "_ops", ops)
+        monkeypatch.setattr(qwenc.model.forward, "_ops", ops)
     model = qwenc.load(path)
     if drop_qk_norm:
         for layer in model.weights.layers:
@@ -202,7 +206,7 @@ def parity_error(path, ref, monkeypatch, ops=None, drop_qk_norm=False):
 def test_reference_numpy_attention_passes(tmp_path, monkeypatch):
     """The falsifiers' own machinery is sound: a correct numpy attention passes the check."""
     path, ref = make_model(tmp_path, **{k: v for k, v in CASES["qwen2-gqa4-f16-sharded-bigqk"].items()})
-    err = parity_error(path, ref, monkeypatch, BrokenOps(attention=numpy_attention(gqa_div)))
+    err = parity_error(path, ref, monkeypatch, BrokenOps(paged_attention=numpy_attention(gqa_div)))
     assert err < TOL
 
 
@@ -215,7 +219,7 @@ def test_falsifier_adjacent_rope_fails(name, tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["qwen2-gqa4-f16-sharded-bigqk", "qwen3-headdim-gqa3-f32"])
 def test_falsifier_modulo_gqa_fails(name, tmp_path, monkeypatch):
     path, ref = make_model(tmp_path, **CASES[name])
-    assert parity_error(path, ref, monkeypatch, BrokenOps(attention=numpy_attention(gqa_mod))) > TOL * 10
+    assert parity_error(path, ref, monkeypatch, BrokenOps(paged_attention=numpy_attention(gqa_mod))) > TOL * 10
 
 
 def test_falsifier_missing_qk_norm_fails(tmp_path, monkeypatch):
@@ -225,5 +229,5 @@ def test_falsifier_missing_qk_norm_fails(tmp_path, monkeypatch):
 
 def test_falsifier_softmax_without_max_fails(tmp_path, monkeypatch):
     path, ref = make_model(tmp_path, **CASES["qwen2-gqa4-f16-sharded-bigqk"])
-    broken = BrokenOps(attention=numpy_attention(gqa_div, subtract_max=False))
+    broken = BrokenOps(paged_attention=numpy_attention(gqa_div, subtract_max=False))
     assert parity_error(path, ref, monkeypatch, broken) > TOL * 10

@@ -15,7 +15,7 @@ from gguf.quants import dequantize as ref_dequantize  # noqa: E402
 from gguf.quants import quantize as ref_quantize  # noqa: E402
 
 from qwenc import _quant  # noqa: E402
-from qwenc.tensors import BLOCK, DTYPE_NAMES  # noqa: E402
+from qwenc.formats.tensors import BLOCK, DTYPE_NAMES  # noqa: E402
 
 BLOCK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 CODE = {name: code for code, name in DTYPE_NAMES.items()}
@@ -175,7 +175,7 @@ DEMO_TENSORS = [
 
 @pytest.fixture(scope="module")
 def demo(demo_gguf):
-    from qwenc.gguf import open_gguf
+    from qwenc.formats.gguf import open_gguf
     return open_gguf(demo_gguf)
 
 

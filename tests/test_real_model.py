@@ -31,7 +31,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import qwenc  # noqa: E402
-from qwenc.textgen import render_chat  # noqa: E402
+from qwenc.engine.generate import render_chat  # noqa: E402
 
 MIN_AGREEMENT, MAX_KL = 0.99, 0.01          # stored weights vs their own float32 dequantization
 MIN_AGREEMENT_REENCODED, MAX_KL_REENCODED = 0.98, 0.02   # q8_0 / bf16 re-encodings
@@ -261,7 +261,7 @@ def test_decode_activation_modes(demo_gguf, activations, min_agreement, max_kl, 
 def _wrong_theta(model):
     """RoPE frequencies for theta 1e4 (the Llama default) instead of the file's 1e6."""
     hd = model.config.head_dim
-    model.inv_freq = (1.0 / 1e4 ** (np.arange(0, hd, 2, dtype=np.float32) / hd)).astype(np.float32)
+    model.transformer.inv_freq = (1.0 / 1e4 ** (np.arange(0, hd, 2, dtype=np.float32) / hd)).astype(np.float32)
 
 
 def _no_qk_bias(model):

@@ -7,7 +7,7 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
                                                     TopPLogitsWarper)
 
 from qwenc import _ops
-from qwenc.sampler import Sampler, SamplingParams
+from qwenc.engine.sampling import Sampler, SamplingParams
 
 
 def reference_probs(logits, temperature, top_k, top_p, min_p):

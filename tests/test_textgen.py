@@ -50,7 +50,7 @@ def test_stop_string_spanning_tokens_is_never_emitted(model):
     assert len(full) > 20
     stop = full[len(full) // 2: len(full) // 2 + 5]
     expected = full[:full.find(stop)]
-    from qwenc.textgen import Generation
+    from qwenc.engine.generate import Generation
     gen = Generation(model, model.tokenizer.encode(prompt), max_tokens=60, stop=[stop], **GREEDY)
     pieces = list(gen)
     assert "".join(pieces) == expected
@@ -59,7 +59,7 @@ def test_stop_string_spanning_tokens_is_never_emitted(model):
 
 
 def test_eos_and_max_tokens_finish_reasons(model):
-    from qwenc.textgen import Generation
+    from qwenc.engine.generate import Generation
     ids = model.tokenizer.encode("hello")
     free = list(model.generate_tokens(ids, max_tokens=10, **GREEDY))
     gen = Generation(model, ids, max_tokens=10, stop_token_ids=[free[4]], **GREEDY)
@@ -111,7 +111,7 @@ def test_chat_completion_shapes(model):
 
 
 def test_chat_session_reuses_the_cache(model, monkeypatch):
-    from qwenc.textgen import ChatSession, Generation, render_chat
+    from qwenc.engine.generate import ChatSession, Generation, render_chat
     session = ChatSession(model, max_tokens=12, **GREEDY)
     first = session.send("Hello there").run()
     cached = session.cached_tokens
@@ -178,7 +178,7 @@ def test_cli_gen_chat_flag_and_errors(model, model_dir):
 
 
 def test_cli_chat_piped_multi_turn_and_reset(model, model_dir):
-    from qwenc.textgen import ChatSession
+    from qwenc.engine.generate import ChatSession
     r = run_cli("chat", "-m", str(model_dir), "--temperature", "0", "-n", "6",
                 input="Hello\nHow are you?\n/reset\nHello\n")
     assert r.returncode == 0, r.stderr

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from qwenc.textstream import TextStream, unfinished_utf8_tail
+from qwenc.text.textstream import TextStream, unfinished_utf8_tail
 
 
 class FakeTokenizer:

@@ -20,7 +20,7 @@ tokenizers = pytest.importorskip("tokenizers")
 gguf = pytest.importorskip("gguf")
 
 from qwenc import _bpe  # noqa: E402
-from qwenc.tokenizer import QWEN2_PATTERN, QWEN_NON_SPECIAL, Tokenizer  # noqa: E402
+from qwenc.text.tokenizer import QWEN2_PATTERN, QWEN_NON_SPECIAL, Tokenizer  # noqa: E402
 from oracles import build_oracle  # noqa: E402
 
 CORPUS_PATH = Path(__file__).parent / "data" / "tokenizer_corpus.jsonl"

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _ops
+from .. import _ops
+
+# The settings a SamplingParams holds (what Model.sampling_params takes from a caller).
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
 
 
 @dataclass(frozen=True)

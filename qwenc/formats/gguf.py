@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import GGUFError
 from .tensors import Tensor
 
 GGUF_MAGIC = b"GGUF"
@@ -55,10 +56,6 @@ GGML_TYPES = {
     40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
 }
 # (Q8_1, code 9, is left out: it is an in-memory type that files never store.)
-
-
-class GGUFError(ValueError):
-    """A file that is not a GGUF this reader can use; the message names the file."""
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,7 @@ HOW_TO_GET_A_MODEL = (
 )
 
 
-class DemoModelMissing(FileNotFoundError):
-    pass
+from ..errors import DemoModelMissing
 
 
 def cache_dir() -> Path:

@@ -10,13 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import WeightFileError
 from .tensors import BF16, F16, F32, Tensor, row_bytes
 
 DTYPES = {"F32": F32, "F16": F16, "BF16": BF16}
-
-
-class WeightFileError(ValueError):
-    pass
 
 
 def read_safetensors(path) -> dict:

@@ -28,7 +28,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from qwenc import _bpe
+from .. import _bpe
 
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")

@@ -11,8 +11,7 @@ from pathlib import Path
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
 
-class ConfigError(ValueError):
-    pass
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)

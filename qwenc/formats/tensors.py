@@ -44,7 +44,7 @@ class Tensor:
             return self.data.view(np.float16).astype(np.float32).reshape(self.shape)
         if self.dtype == BF16:
             return (self.data.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(self.shape)
-        from . import _quant
+        from .. import _quant
         rows = self.shape[0] if len(self.shape) == 2 else 1
         cols = self.shape[-1]
         return _quant.dequantize(self.data, self.dtype, rows, cols).reshape(self.shape)

@@ -39,6 +39,8 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
+from ..errors import ChatTemplateError
+
 # The fallback for models without a template: ChatML, the format Qwen models are trained on.
 # Each message becomes `<|im_start|>{role}\n{content}<|im_end|>\n`; non-string content (e.g. a
 # list of multimodal parts) renders as empty, and tool calls are not rendered. No default system
@@ -58,10 +60,6 @@ _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 # Special tokens a tokenizer passes to its template when they are set.
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                        "cls_token", "mask_token")
-
-
-class ChatTemplateError(ValueError):
-    """A template that does not compile, or that failed (or raised) while rendering."""
 
 
 class _RaisedByTemplate(jinja2.TemplateError):

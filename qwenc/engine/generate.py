@@ -7,15 +7,44 @@ KV cache, so each turn prefills only what the previous turns did not already cac
 import time
 import uuid
 
-from .model import ContextLengthExceeded
-from .textstream import TextStream
+from ..errors import ContextLengthExceeded, InvalidRequest
+from ..text.textstream import TextStream
+from .sampling import Sampler
 
 
 def _require_tokenizer(model):
     if model.tokenizer is None:
-        raise ValueError(f"{model.source or 'this model'} has no tokenizer (no tokenizer.json): "
+        raise InvalidRequest(f"{model.source or 'this model'} has no tokenizer (no tokenizer.json): "
                          "use model.generate_tokens with token ids")
     return model.tokenizer
+
+
+def generate_tokens(model, ids, max_tokens=256, stop_token_ids=None, sequence=None, **sampling):
+    """Yield generated token ids one by one (see Model.generate_tokens)."""
+    params = model.sampling_params(**sampling)
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise InvalidRequest("generation needs at least one prompt token")
+    stops = set(model.eos_token_ids if stop_token_ids is None else (int(t) for t in stop_token_ids))
+    seq = sequence if sequence is not None else model.new_sequence()
+    if len(ids) > seq.capacity:
+        raise ContextLengthExceeded(
+            f"context_length_exceeded: the prompt has {len(ids)} tokens, the context holds {seq.capacity}")
+    # Keep the cached prefix, but always recompute at least the last prompt token's logits.
+    keep = min(seq.common_prefix(ids), len(ids) - 1)
+    seq.truncate(keep)
+    logits = model.forward(seq, ids[keep:])
+    sampler = Sampler(params, model.n_vocab, history=ids)
+    for i in range(max_tokens):
+        token = sampler.sample(logits)
+        if token in stops:
+            return "stop"
+        yield token
+        sampler.observe(token)
+        if i + 1 == max_tokens or len(seq) + 1 > seq.capacity:
+            break
+        logits = model.forward(seq, [token])
+    return "length"
 
 
 class Generation:
@@ -58,8 +87,8 @@ class Generation:
         if self.max_tokens == 0:
             self.finish_reason = "length"
             return
-        gen = self.model.generate_tokens(self.prompt_ids, max_tokens=self.max_tokens, sequence=self.sequence,
-                                         stop_token_ids=self.stop_token_ids, **self.sampling)
+        gen = generate_tokens(self.model, self.prompt_ids, max_tokens=self.max_tokens, sequence=self.sequence,
+                              stop_token_ids=self.stop_token_ids, **self.sampling)
         if self.sequence is not None:
             self.cached_tokens = min(self.sequence.common_prefix(self.prompt_ids), len(self.prompt_ids) - 1)
         start = time.perf_counter()

@@ -1,0 +1,1 @@
+"""Generation: sampling, the one-sequence generation loop, and the batching engine."""

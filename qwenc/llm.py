@@ -1,0 +1,147 @@
+"""`Model`: what `qwenc.load` returns. The network with its tokenizer, chat template and sampling
+defaults, and the ways to use it one sequence at a time.
+
+Many sequences at once go through an `Engine` (qwenc.engine), which batches them into shared
+steps; both paths may use one Model together: every step runs under the model's lock, so two
+Python threads never interleave inside one.
+"""
+import os
+import threading
+
+import numpy as np
+
+from .errors import InvalidRequest
+from .formats.generation_config import resolve_sampling
+from .model import Sequence, StepItem, Transformer
+from .model.forward import PREFILL_CHUNK
+from .engine.generate import Generation, chat_completion, generate_tokens
+from .engine.sampling import SAMPLING_FIELDS, SamplingParams
+
+
+class Model:
+    def __init__(self, cfg, weights, tokenizer=None, context: int = 4096, threads: int = None,
+                 generation_defaults: dict = None, chat_template=None, source: str = "",
+                 activations: str = "f32"):
+        self.transformer = Transformer(cfg, weights, threads=threads, activations=activations)
+        self.tokenizer = tokenizer
+        try:
+            self.context = int(context)
+        except (TypeError, ValueError):
+            raise InvalidRequest(f"context must be an integer, got {context!r}") from None
+        if self.context < 1:
+            raise InvalidRequest(f"context must be >= 1, got {context}")
+        self.generation_defaults = dict(generation_defaults or {})
+        self.chat_template = chat_template
+        self.source = source
+        eos = list(cfg.eos_token_ids) + list(self.generation_defaults.get("eos_token_id", []))
+        if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+            eos.append(tokenizer.eos_token_id)
+        self.eos_token_ids = tuple(dict.fromkeys(eos))
+        self.lock = threading.RLock()  # held for every step: one model, many threads
+
+    # -- what it is --------------------------------------------------------------------------
+
+    @property
+    def config(self):
+        return self.transformer.config
+
+    @property
+    def weights(self):
+        return self.transformer.weights
+
+    @property
+    def threads(self) -> int:
+        return self.transformer.threads
+
+    @property
+    def activations(self) -> str:
+        return self.transformer.activations
+
+    @property
+    def n_vocab(self) -> int:
+        """Tokens that can be produced: the tokenizer's real vocabulary, not the padded rows."""
+        if self.tokenizer is not None:
+            return min(self.tokenizer.vocab_size, self.config.vocab_size)
+        return self.config.vocab_size
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(str(self.source).rstrip("/")) or "qwenc"
+
+    # -- the forward pass, one sequence (or a few) at a time ---------------------------------
+
+    def new_sequence(self, capacity: int = None) -> Sequence:
+        """A sequence with a KV cache of its own for `capacity` tokens (default: the context)."""
+        return Sequence.private(self.config, capacity or self.context)
+
+    def step(self, items) -> np.ndarray:
+        """One forward step over StepItems (see Transformer.forward_step), under the lock."""
+        with self.lock:
+            return self.transformer.forward_step(items)
+
+    def forward(self, seq: Sequence, ids, all_positions=False) -> np.ndarray:
+        """Append `ids` to `seq`, in chunks; logits of the last token, or of every token."""
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise InvalidRequest("forward needs at least one token")
+        outs = []
+        for c in range(0, len(ids), PREFILL_CHUNK):
+            part = ids[c:c + PREFILL_CHUNK]
+            last = c + PREFILL_CHUNK >= len(ids)
+            want = "all" if all_positions else ("last" if last else "none")
+            outs.append(self.step([StepItem(seq, part, want)]))
+        return np.concatenate(outs) if all_positions else outs[-1][0]
+
+    def decode_batch(self, seqs, tokens) -> np.ndarray:
+        """One decode step for several sequences at once: logits [len(seqs), vocab]."""
+        if len(seqs) != len(tokens):
+            raise InvalidRequest(f"{len(seqs)} sequences but {len(tokens)} tokens")
+        return self.step([StepItem(s, [int(t)]) for s, t in zip(seqs, tokens)])
+
+    def logits(self, ids, all_positions=False) -> np.ndarray:
+        """Logits for a token sequence on a fresh cache: [vocab], or [len(ids), vocab]."""
+        ids = list(ids)
+        seq = self.new_sequence(max(len(ids), 1))
+        return self.forward(seq, ids, all_positions)
+
+    # -- generation --------------------------------------------------------------------------
+
+    def sampling_params(self, **overrides) -> SamplingParams:
+        """Sampling settings: explicit arguments win over generation_config.json's defaults."""
+        merged = resolve_sampling(self.generation_defaults, **overrides)
+        return SamplingParams(**{k: v for k, v in merged.items() if k in SAMPLING_FIELDS})
+
+    def generate_tokens(self, ids, max_tokens=256, temperature=None, top_k=None, top_p=None, min_p=None,
+                        repetition_penalty=None, seed=None, stop_token_ids=None, sequence=None):
+        """Yield generated token ids one by one.
+
+        Prefills `ids` (reusing the longest prefix already cached in `sequence`, if given), then
+        samples up to `max_tokens` tokens. A stop token ends generation and is not yielded; the
+        generator's return value is the finish reason, "stop" or "length".
+        """
+        return generate_tokens(self, ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids,
+                               sequence=sequence, temperature=temperature, top_k=top_k, top_p=top_p,
+                               min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
+
+    def generate(self, prompt: str, max_tokens=256, stop=None, **sampling) -> str:
+        """Complete `prompt` (raw text, no chat template) and return the new text."""
+        return Generation(self, self.tokenizer_or_raise().encode(prompt), max_tokens, stop, **sampling).run()
+
+    def stream(self, prompt: str, max_tokens=256, stop=None, **sampling):
+        """Like generate, yielding text pieces as they become final."""
+        return iter(Generation(self, self.tokenizer_or_raise().encode(prompt), max_tokens, stop, **sampling))
+
+    def chat(self, messages, stream=False, max_tokens=256, stop=None, tools=None, **kwargs):
+        """An OpenAI-shaped chat completion (a dict, or chunk dicts when stream=True).
+
+        Keyword arguments that are not sampling settings (e.g. enable_thinking=False for Qwen3)
+        are passed to the chat template."""
+        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in SAMPLING_FIELDS}
+        return chat_completion(self, messages, stream=stream, tools=tools, template_kwargs=kwargs,
+                               max_tokens=max_tokens, stop=stop, **sampling)
+
+    def tokenizer_or_raise(self):
+        if self.tokenizer is None:
+            raise InvalidRequest(f"{self.source or 'this model'} has no tokenizer (no tokenizer.json): "
+                                 "use model.generate_tokens with token ids")
+        return self.tokenizer

@@ -1,0 +1,296 @@
+"""The Qwen forward pass: embeddings, decoder blocks over a paged KV cache, output head.
+
+Read it top to bottom like a paper's pseudo-code: `_block` is one decoder layer, `forward_step`
+runs one step (new tokens of one or more sequences) through all of them. The arithmetic is in C
+(qwenc._ops); this file only moves buffers around. Weights stay as stored (BF16, F16, F32 or GGUF
+blocks) in memory-mapped files; activations are float32.
+
+Keys and values live in a `KVCache`: per layer, one pool of fixed-size blocks shared by every
+sequence that uses it; a sequence owns a block table (which blocks hold its positions). The
+engine's block manager hands blocks out of one big cache; `Sequence` is the simple case of a
+sequence with a private cache of its own.
+
+Qwen2 and Qwen3 differ in two places, both flags of ModelConfig: Qwen2's q/k/v projections carry
+biases, and Qwen3 RMS-normalises each query and key head before RoPE.
+
+A step's rows are computed independently of each other: every kernel gives a row the same
+arithmetic whatever else the step holds, so a sequence's logits do not depend on what it is
+batched with.
+"""
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _ops
+from .._ops import ACTIVATIONS
+from ..errors import ContextLengthExceeded, InvalidRequest
+from ..formats.config import ModelConfig
+from .weights import Layer, Linear, Weights
+
+BLOCK_SIZE = 16       # token positions per KV block
+PREFILL_CHUNK = 512   # prompt tokens per step in Transformer.forward: bounds activation memory
+
+
+# ---------------------------------------------------------------- KV cache
+
+class KVCache:
+    """Keys and values in blocks of BLOCK_SIZE positions: per layer, K and V pools
+    [num_blocks, kv_heads, BLOCK_SIZE, head_dim] float32 (a block's vectors of one kv head are
+    contiguous, so attention streams them)."""
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = BLOCK_SIZE):
+        if num_blocks < 1:
+            raise InvalidRequest(f"a KV cache needs at least one block, got {num_blocks}")
+        self.num_blocks, self.block_size = int(num_blocks), int(block_size)
+        shape = (self.num_blocks, cfg.num_kv_heads, self.block_size, cfg.head_dim)
+        self.k = [np.zeros(shape, np.float32) for _ in range(cfg.num_layers)]
+        self.v = [np.zeros(shape, np.float32) for _ in range(cfg.num_layers)]
+
+    @staticmethod
+    def block_bytes(cfg: ModelConfig, block_size: int = BLOCK_SIZE) -> int:
+        """Bytes one block takes over all layers (keys and values)."""
+        return 2 * cfg.num_layers * cfg.num_kv_heads * block_size * cfg.head_dim * 4
+
+
+class Sequence:
+    """One sequence's state: the tokens whose keys/values are cached, and where they are.
+
+    `tokens` are the ids already in the cache, `block_table` the blocks holding them (position p
+    is slot p % block_size of block block_table[p // block_size]), `capacity` the most positions
+    the table may hold. Built by Model.new_sequence with a private cache, or by the engine over
+    its shared one.
+    """
+
+    def __init__(self, cache: KVCache, block_table, capacity: int):
+        self.cache = cache
+        self.block_table = np.asarray(block_table, dtype=np.int32)
+        self.capacity = int(capacity)
+        self.tokens = []
+
+    @classmethod
+    def private(cls, cfg: ModelConfig, capacity: int) -> "Sequence":
+        blocks = -(-int(capacity) // BLOCK_SIZE)
+        return cls(KVCache(cfg, blocks), np.arange(blocks, dtype=np.int32), capacity)
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def truncate(self, n: int):
+        """Forget everything after the first n tokens (their slots are overwritten later)."""
+        del self.tokens[n:]
+
+    def common_prefix(self, ids) -> int:
+        n = 0
+        for a, b in zip(self.tokens, ids):
+            if a != b:
+                break
+            n += 1
+        return n
+
+
+@dataclass
+class StepItem:
+    """New tokens of one sequence in a step, and which of their logits the caller wants:
+    "last" (the last new token's), "all" (every new token's) or "none"."""
+    seq: Sequence
+    tokens: list
+    logits: str = "last"
+
+
+class Workspace:
+    """Activation buffers for a step of T tokens, reused across steps of the same size."""
+
+    def __init__(self, cfg: ModelConfig, T: int):
+        f = np.float32
+        self.T = T
+        self.x = np.empty((T, cfg.hidden_size), f)       # residual stream
+        self.h = np.empty((T, cfg.hidden_size), f)       # normalised input of a sub-block
+        self.q = np.empty((T, cfg.q_size), f)
+        self.k = np.empty((T, cfg.kv_size), f)
+        self.v = np.empty((T, cfg.kv_size), f)
+        self.attn = np.empty((T, cfg.q_size), f)
+        self.o = np.empty((T, cfg.hidden_size), f)       # output of a sub-block, added to x
+        self.gate = np.empty((T, cfg.intermediate_size), f)
+        self.up = np.empty((T, cfg.intermediate_size), f)
+
+
+class _Group:
+    """The rows of a step whose sequences share one KV cache: where their new keys go and what
+    each row attends to."""
+
+    def __init__(self, cache, rows, slots, row_seq, pos, tables):
+        self.cache = cache
+        self.rows = rows          # indices of these rows in the step (int64), or a slice
+        self.slots = slots        # [n] block * block_size + offset of each row's new key
+        self.row_seq = row_seq    # [n] row of `tables` for each row
+        self.pos = pos            # [n] position of each row
+        self.tables = tables      # [sequences, max_blocks] int32
+
+
+# ---------------------------------------------------------------- the model
+
+def default_threads() -> int:
+    env = os.environ.get("QWENC_THREADS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise InvalidRequest(f"QWENC_THREADS must be a positive integer, got {env!r}") from None
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class Transformer:
+    """The network: weights and the arithmetic of one step. Not thread-safe on its own (its
+    activation buffers are shared): Model serialises the callers."""
+
+    def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = None, activations: str = "f32"):
+        if activations not in ACTIVATIONS:
+            raise InvalidRequest(f"activations must be one of {tuple(ACTIVATIONS)}, got {activations!r}")
+        if cfg.num_heads % cfg.num_kv_heads or cfg.num_heads // cfg.num_kv_heads > 64:
+            raise InvalidRequest(f"{cfg.num_heads} query heads cannot share {cfg.num_kv_heads} kv heads")
+        self.config = cfg
+        self.weights = weights
+        self.threads = int(threads or default_threads())
+        if self.threads < 1:
+            raise InvalidRequest(f"threads must be >= 1, got {threads}")
+        # "f32" computes what transformers computes on the dequantized weights; "int16"/"int8"
+        # round activations to 16/8-bit codes for integer dots on block-quantized weights.
+        self.activations = activations
+        self._act = ACTIVATIONS[activations]
+        hd = cfg.head_dim
+        # float32 throughout, as the reference computes it: theta ** (2i / hd), then 1 / that.
+        exponent = np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / np.float32(hd)
+        self.inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
+        self.scale = float(1.0 / np.sqrt(hd))
+        self._workspaces = {}
+
+    def _workspace(self, T: int) -> Workspace:
+        ws = self._workspaces.get(T)
+        if ws is None:
+            if len(self._workspaces) > 24:  # keep decode's (T=1..batch) and a few prefill sizes
+                self._workspaces.clear()
+            ws = self._workspaces[T] = Workspace(self.config, T)
+        return ws
+
+    # -- one decoder layer -------------------------------------------------------------------
+
+    def _block(self, layer: Layer, li: int, ws: Workspace, pos: np.ndarray, groups):
+        cfg = self.config
+        T, hd = ws.T, cfg.head_dim
+        _ops.rmsnorm(ws.x, layer.attn_norm, cfg.rms_norm_eps, ws.h)
+        # q, k, v (then gate, up) read the same x: one pass over all their rows
+        _ops.matmul_group([layer.q.product(ws.q), layer.k.product(ws.k), layer.v.product(ws.v)], ws.h, self._act)
+        if layer.q_norm is not None:
+            _ops.rmsnorm(ws.q.reshape(-1, hd), layer.q_norm, cfg.rms_norm_eps, ws.q.reshape(-1, hd))
+            _ops.rmsnorm(ws.k.reshape(-1, hd), layer.k_norm, cfg.rms_norm_eps, ws.k.reshape(-1, hd))
+        q = ws.q.reshape(T, cfg.num_heads, hd)
+        k = ws.k.reshape(T, cfg.num_kv_heads, hd)
+        v = ws.v.reshape(T, cfg.num_kv_heads, hd)
+        attn = ws.attn.reshape(T, cfg.num_heads, hd)
+        _ops.rope(q, pos, self.inv_freq)
+        _ops.rope(k, pos, self.inv_freq)
+        for g in groups:
+            if isinstance(g.rows, slice):
+                gq, gk, gv, go = q[g.rows], k[g.rows], v[g.rows], attn[g.rows]
+            else:
+                gq, gk, gv = q[g.rows], k[g.rows], v[g.rows]
+                go = np.empty_like(gq)
+            _ops.kv_write(gk, gv, g.slots, g.cache.k[li], g.cache.v[li])
+            _ops.paged_attention(gq, g.cache.k[li], g.cache.v[li], g.tables, g.row_seq, g.pos, self.scale, go)
+            if not isinstance(g.rows, slice):
+                attn[g.rows] = go
+        layer.o(ws.attn, ws.o, self._act)
+        ws.x += ws.o
+        _ops.rmsnorm(ws.x, layer.mlp_norm, cfg.rms_norm_eps, ws.h)
+        _ops.matmul_group([layer.gate.product(ws.gate), layer.up.product(ws.up)], ws.h, self._act)
+        g = ws.gate.reshape(-1)
+        _ops.silu_mul(g, ws.up.reshape(-1), g)
+        layer.down(ws.gate, ws.o, self._act)
+        ws.x += ws.o
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def forward_step(self, items) -> np.ndarray:
+        """Run the new tokens of one or more sequences through the model, appending their keys
+        and values to the caches and the tokens to each Sequence.
+
+        items: StepItems (a sequence appears at most once). Returns float32 logits
+        [rows, vocab]: for each item in order, its last new token's row ("last"), every new
+        token's ("all"), or none.
+        """
+        cfg, w = self.config, self.weights
+        if not items:
+            return np.empty((0, cfg.vocab_size), np.float32)
+        seen = set()
+        ids, pos, wanted, r = [], [], [], 0
+        for it in items:
+            if id(it.seq) in seen:
+                raise InvalidRequest("a sequence appears twice in one step")
+            seen.add(id(it.seq))
+            n, start = len(it.tokens), len(it.seq)
+            if n == 0:
+                raise InvalidRequest("a step item needs at least one token")
+            if start + n > it.seq.capacity or -(-(start + n) // it.seq.cache.block_size) > len(it.seq.block_table):
+                raise ContextLengthExceeded(
+                    f"context_length_exceeded: {start + n} tokens do not fit the context of "
+                    f"{it.seq.capacity} (load with a larger context=)")
+            ids.extend(it.tokens)
+            pos.append(np.arange(start, start + n, dtype=np.int64))
+            if it.logits == "all":
+                wanted.extend(range(r, r + n))
+            elif it.logits == "last":
+                wanted.append(r + n - 1)
+            elif it.logits != "none":
+                raise InvalidRequest(f"logits must be 'last', 'all' or 'none', got {it.logits!r}")
+            r += n
+        pos = np.concatenate(pos)
+        groups = self._groups(items, pos)
+        _ops.set_threads(self.threads)
+        ws = self._workspace(r)
+        _ops.embed(w.embed.data, w.embed.dtype, cfg.vocab_size, cfg.hidden_size,
+                   np.asarray(ids, dtype=np.int32), ws.x)
+        for li, layer in enumerate(w.layers):
+            self._block(layer, li, ws, pos, groups)
+        for it in items:
+            it.seq.tokens.extend(int(t) for t in it.tokens)
+        logits = np.empty((len(wanted), cfg.vocab_size), np.float32)
+        if wanted:
+            rows = np.asarray(wanted, dtype=np.int64)
+            h = np.empty((len(rows), cfg.hidden_size), np.float32)
+            _ops.rmsnorm(np.ascontiguousarray(ws.x[rows]), w.norm, cfg.rms_norm_eps, h)
+            Linear(w.lm_head)(h, logits, self._act)
+        return logits
+
+    @staticmethod
+    def _groups(items, pos):
+        """The step's rows grouped by KV cache (the engine's steps have one group)."""
+        by_cache = {}
+        r = 0
+        for it in items:
+            by_cache.setdefault(id(it.seq.cache), (it.seq.cache, []))[1].append((it, r))
+            r += len(it.tokens)
+        groups = []
+        for cache, members in by_cache.values():
+            bs = cache.block_size
+            width = max(len(it.seq.block_table) for it, _ in members)
+            tables = np.zeros((len(members), width), np.int32)
+            rows, row_seq = [], []
+            for s, (it, r0) in enumerate(members):
+                tables[s, :len(it.seq.block_table)] = it.seq.block_table
+                rows.append(np.arange(r0, r0 + len(it.tokens), dtype=np.int64))
+                row_seq.append(np.full(len(it.tokens), s, np.int32))
+            rows = np.concatenate(rows)
+            gpos = pos[rows]
+            tab = np.concatenate([np.asarray(it.seq.block_table, np.int64) for it, _ in members])
+            offsets = np.cumsum([0] + [len(it.seq.block_table) for it, _ in members[:-1]])
+            row_seq = np.concatenate(row_seq)
+            slots = tab[offsets[row_seq] + gpos // bs] * bs + gpos % bs
+            if len(by_cache) == 1:
+                rows = slice(0, len(pos))
+            groups.append(_Group(cache, rows, np.ascontiguousarray(slots, np.int64), row_seq,
+                                 np.ascontiguousarray(gpos), tables))
+        return groups

@@ -1,0 +1,144 @@
+"""A model's weights as the forward pass uses them: matrices in their stored type, vectors in float32.
+
+`Weights` picks the tensors a config needs out of a {name: Tensor} map (from either file format),
+checking every shape, and optionally re-encodes the matrices (`dtype=` at load).
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _ops
+from ..errors import WeightError
+from ..formats.config import ModelConfig
+from ..formats.tensors import BF16, F32, Q8_0, Tensor, row_bytes
+
+
+@dataclass
+class Linear:
+    """y = x @ W.T (+ b): W stays in its stored type; b (if any) is float32."""
+    weight: Tensor
+    bias: np.ndarray = None
+
+    @property
+    def out_features(self):
+        return self.weight.shape[0]
+
+    def __call__(self, x: np.ndarray, out: np.ndarray, act: int = 0):
+        w = self.weight
+        _ops.matmul(w.data, w.dtype, w.shape[0], w.shape[1], x, out, self.bias, act)
+        return out
+
+    def product(self, out: np.ndarray):
+        """This layer's part of a group product (_ops.matmul_group) writing into out."""
+        w = self.weight
+        return (w.data, w.dtype, w.shape[0], out, self.bias)
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray   # [hidden]
+    q: Linear               # [heads * head_dim, hidden]
+    k: Linear               # [kv_heads * head_dim, hidden]
+    v: Linear               # [kv_heads * head_dim, hidden]
+    o: Linear               # [hidden, heads * head_dim]
+    q_norm: np.ndarray      # [head_dim] (Qwen3) or None
+    k_norm: np.ndarray      # [head_dim] (Qwen3) or None
+    mlp_norm: np.ndarray    # [hidden]
+    gate: Linear            # [intermediate, hidden]
+    up: Linear              # [intermediate, hidden]
+    down: Linear            # [hidden, intermediate]
+
+
+class Weights:
+    """Picks the tensors a config needs out of a {name: Tensor} map, checking every shape."""
+
+    def __init__(self, cfg: ModelConfig, tensors: dict, convert=None):
+        self.cfg, self.tensors, self.convert = cfg, tensors, convert or (lambda t: t)
+        h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        self.embed = self.matrix("model.embed_tokens.weight", (cfg.vocab_size, h))
+        self.norm = self.vector("model.norm.weight", h)
+        if "lm_head.weight" in tensors and not cfg.tie_word_embeddings:
+            self.lm_head = self.matrix("lm_head.weight", (cfg.vocab_size, h))
+        else:  # tied: a tied checkpoint may still carry lm_head.weight; the embedding is the truth
+            self.lm_head = self.embed
+        self.layers = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            bias = cfg.attention_bias
+            self.layers.append(Layer(
+                attn_norm=self.vector(p + "input_layernorm.weight", h),
+                q=Linear(self.matrix(p + "self_attn.q_proj.weight", (q, h)), self.bias(p + "self_attn.q_proj.bias", q, bias)),
+                k=Linear(self.matrix(p + "self_attn.k_proj.weight", (kv, h)), self.bias(p + "self_attn.k_proj.bias", kv, bias)),
+                v=Linear(self.matrix(p + "self_attn.v_proj.weight", (kv, h)), self.bias(p + "self_attn.v_proj.bias", kv, bias)),
+                o=Linear(self.matrix(p + "self_attn.o_proj.weight", (h, q))),
+                q_norm=self.vector(p + "self_attn.q_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
+                k_norm=self.vector(p + "self_attn.k_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
+                mlp_norm=self.vector(p + "post_attention_layernorm.weight", h),
+                gate=Linear(self.matrix(p + "mlp.gate_proj.weight", (inter, h))),
+                up=Linear(self.matrix(p + "mlp.up_proj.weight", (inter, h))),
+                down=Linear(self.matrix(p + "mlp.down_proj.weight", (h, inter))),
+            ))
+
+    def get(self, name, shape) -> Tensor:
+        t = self.tensors.get(name)
+        if t is None:
+            where = sorted({x.source for x in self.tensors.values()})
+            raise WeightError(f"tensor {name} missing from {', '.join(where) or 'the checkpoint'}")
+        if tuple(t.shape) != tuple(shape):
+            raise WeightError(f"tensor {name} in {t.source} has shape {list(t.shape)}, expected {list(shape)}")
+        return t
+
+    def matrix(self, name, shape) -> Tensor:
+        t = self.convert(self.get(name, shape))
+        if t.dtype == F32 and t.data.dtype != np.uint8:
+            raise WeightError(f"tensor {name}: internal error, data must be raw bytes")
+        return t
+
+    def vector(self, name, n) -> np.ndarray:
+        return np.ascontiguousarray(self.get(name, (n,)).to_f32(), dtype=np.float32)
+
+    def bias(self, name, n, expected: bool):
+        if not expected:
+            return None
+        return self.vector(name, n)
+
+
+# ---------------------------------------------------------------- weight type conversion
+
+def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    bits = x.astype(np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))  # round to nearest even
+    return (rounded >> 16).astype(np.uint16)
+
+
+def convert_tensor(t: Tensor, dtype: str) -> Tensor:
+    """t re-encoded as `dtype` (a new in-memory copy), or t itself when nothing changes."""
+    target = {"f32": F32, "bf16": BF16, "q8_0": Q8_0}[dtype]
+    if t.dtype == target:
+        return t
+    rows, cols = t.shape
+    out = []
+    step = max(1, (1 << 22) // cols)  # convert in slices: never a float copy of the whole matrix
+    row_size = None
+    for r0 in range(0, rows, step):
+        part = Tensor(t.name, t.dtype, (min(step, rows - r0), cols), _row_slice(t, r0, step), t.source)
+        x = part.to_f32()
+        if target == F32:
+            enc = x.view(np.uint8).reshape(-1)
+        elif target == BF16:
+            enc = _f32_to_bf16_bits(x).view(np.uint8).reshape(-1)
+        else:
+            if cols % 32:
+                raise ValueError(f"{t.name}: {cols} columns are not a multiple of 32; cannot use q8_0")
+            from .. import _quant
+            enc = np.asarray(_quant.quantize_q8_0(np.ascontiguousarray(x))).reshape(-1)
+        out.append(enc)
+        row_size = enc.size // x.shape[0]
+    data = np.concatenate(out) if len(out) > 1 else out[0]
+    assert data.size == row_size * rows
+    return Tensor(t.name, target, t.shape, np.ascontiguousarray(data), t.source)
+
+
+def _row_slice(t: Tensor, r0: int, n: int) -> np.ndarray:
+    rb = row_bytes(t.dtype, t.shape[1])
+    return t.data[r0 * rb:(r0 + n) * rb]

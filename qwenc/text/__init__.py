@@ -1,0 +1,1 @@
+"""Text: the tokenizer, chat templates, and streamed detokenization with stop strings."""
