@@ -55,3 +55,15 @@ void qw_set_threads(int n) {
     (void)n;
 #endif
 }
+
+int qw_parallel_width(void) {
+    int n = 1;
+#pragma omp parallel num_threads(qw_get_threads())
+    {
+#ifdef _OPENMP
+#pragma omp single
+        n = omp_get_num_threads();
+#endif
+    }
+    return n;
+}

@@ -26,5 +26,7 @@ int qw_set_simd(int enabled);
 /* Threads used by the OpenMP kernels (1 when built without OpenMP). */
 int qw_get_threads(void);
 void qw_set_threads(int n);
+/* Threads a parallel region of the kernels gets when started from the calling thread. */
+int qw_parallel_width(void);
 
 #endif

@@ -16,6 +16,7 @@ cdef extern from "cpu.h":
     int qw_set_simd(int enabled) nogil
     int qw_get_threads() nogil
     void qw_set_threads(int n) nogil
+    int qw_parallel_width() nogil
 
 cdef extern from "quant.h":
     int qw_dtype_supported(int dtype) nogil
@@ -77,6 +78,11 @@ def get_threads():
 
 def set_threads(int n):
     qw_set_threads(n)
+
+
+def parallel_width():
+    """Threads the kernels' parallel regions get when run from the calling thread."""
+    return qw_parallel_width()
 
 
 # ---------------------------------------------------------------- linear algebra

@@ -55,5 +55,9 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class QueueFull(QwencError, RuntimeError):
+    """The engine's queue of waiting requests is full: try again later."""
+
+
 class EngineStopped(QwencError, RuntimeError):
     """The engine was shut down (or failed) before the request finished."""
