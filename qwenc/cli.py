@@ -156,6 +156,27 @@ def cmd_bench(args):
     return 0
 
 
+# ---------------------------------------------------------------- serve
+
+def cmd_serve(args):
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise SystemExit('qwenc: the server needs its extra: pip install "qwenc[server]"')
+    from qwenc.engine.engine import Engine
+    from qwenc.server import serve
+    model = _load(args)
+    engine = Engine(model, max_batch=args.max_batch, kv_memory=args.kv_memory,
+                    max_step_tokens=args.max_step_tokens)
+    name = args.model_name or model.name
+    print(f"qwenc serve: {name} on http://{args.host}:{args.port}/v1 (batch {args.max_batch}, "
+          f"KV {engine.pool.num_blocks} blocks = {engine.pool.num_blocks * engine.pool.block_size} tokens)",
+          file=sys.stderr, flush=True)
+    return serve(engine, args.host, args.port, model_name=name, api_key=args.api_key, grace=args.grace,
+                 cors_origins=args.cors_origin, log_level="warning" if args.quiet else "info")
+
+
 # ---------------------------------------------------------------- main
 
 def build_parser():
@@ -183,6 +204,23 @@ def build_parser():
     b.add_argument("--gen", type=int, default=64, help="generated tokens (default 64)")
     b.add_argument("--repeats", type=int, default=3)
     b.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (batched, streaming)")
+    _add_model_args(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-batch", type=int, default=16, help="most requests computed together (default 16)")
+    s.add_argument("--kv-memory", default="1GiB", help="KV cache size, e.g. 512MiB, 2GiB (default 1GiB)")
+    s.add_argument("--max-step-tokens", type=int, default=256,
+                   help="tokens per step: decode rows plus prompt chunks (default 256)")
+    s.add_argument("--api-key", default=os.environ.get("QWENC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $QWENC_API_KEY, else none)")
+    s.add_argument("--model-name", help="the model's name in the API (default: the file's name)")
+    s.add_argument("--cors-origin", action="append", help="allow browser requests from this origin (repeatable)")
+    s.add_argument("--grace", type=float, default=30.0,
+                   help="seconds running requests get to finish on SIGTERM/Ctrl-C (default 30)")
+    s.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    s.set_defaults(func=cmd_serve)
     return ap
 
 

@@ -256,7 +256,7 @@ def test_logprobs_match_log_softmax_of_the_logits(model):
         c = engine.submit(ids, max_tokens=3, temperature=0, logprobs=True, top_logprobs=5,
                           prompt_logprobs=True).result()
     seq = ids + c.token_ids
-    logits = model.logits(seq, all_positions=True).astype(np.float64)
+    logits = model.logits(seq, all_positions=True)[:, :model.n_vocab].astype(np.float64)
     logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - \
         logits.max(-1, keepdims=True)
     for i, lp in enumerate(c.logprobs):
@@ -265,7 +265,7 @@ def test_logprobs_match_log_softmax_of_the_logits(model):
         assert abs(lp.logprob - row[lp.token]) < 1e-4
         assert [t for t, _ in lp.top] == list(np.argsort(-row, kind="stable")[:5])
         assert lp.top[0][0] == lp.token  # greedy: the sampled token is the most likely
-    assert c.prompt_logprobs[0] is None and len(c.prompt_logprobs) == len(ids)
+    assert c.prompt_logprobs[0].logprob is None and len(c.prompt_logprobs) == len(ids)
     for j in range(1, len(ids)):
         assert abs(c.prompt_logprobs[j].logprob - logp[j - 1][ids[j]]) < 1e-4
 

@@ -80,7 +80,8 @@ class Output:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    prompt_logprobs: list = None     # on the first Output, when asked: [None, TokenLogprob, ...]
+    prompt_logprobs: list = None     # on the first Output, when asked: a TokenLogprob per prompt
+                                     # token, the first one's logprob None
 
     @property
     def finished(self) -> bool:
@@ -269,7 +270,7 @@ class _Request:
         self.first_token_at = None
         self.last_token_at = None
         self.sent_prompt_logprobs = False
-        self.prompt_lp = [None] if prompt_logprobs else None
+        self.prompt_lp = [TokenLogprob(self.tokens[0], None, [])] if prompt_logprobs else None
 
     @property
     def num_generated(self) -> int:
@@ -562,7 +563,7 @@ class Engine:
         for j in range(c.n):
             nxt = c.start + j + 1
             if nxt < req.num_prompt and len(req.prompt_lp) == nxt:
-                lp, top = row_logprobs(rows[j], req.tokens[nxt], req.top_logprobs)
+                lp, top = row_logprobs(rows[j][:self.model.n_vocab], req.tokens[nxt], req.top_logprobs)
                 req.prompt_lp.append(TokenLogprob(req.tokens[nxt], lp, top))
 
     def _advance(self, req, logits_row, now):
@@ -572,7 +573,7 @@ class Engine:
             raw = logits_row.copy()
         token = req.sampler.sample(logits_row)
         if req.logprobs:
-            value, top = row_logprobs(raw, token, req.top_logprobs)
+            value, top = row_logprobs(raw[:self.model.n_vocab], token, req.top_logprobs)
             lp = [TokenLogprob(token, value, top)]
         if req.first_token_at is None:
             req.first_token_at = now
