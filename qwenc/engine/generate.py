@@ -4,10 +4,11 @@
 string), then read `finish_reason` and the token counts. `ChatSession` keeps a conversation and its
 KV cache, so each turn prefills only what the previous turns did not already cache.
 """
+import threading
 import time
 import uuid
 
-from ..errors import ContextLengthExceeded, InvalidRequest
+from ..errors import Cancelled, ContextLengthExceeded, InvalidRequest
 from ..text.textstream import TextStream
 from .sampling import Sampler
 
@@ -19,7 +20,7 @@ def _require_tokenizer(model):
     return model.tokenizer
 
 
-def generate_tokens(model, ids, max_tokens=256, stop_token_ids=None, sequence=None, **sampling):
+def generate_tokens(model, ids, max_tokens=256, stop_token_ids=None, sequence=None, cancel=None, **sampling):
     """Yield generated token ids one by one (see Model.generate_tokens)."""
     params = model.sampling_params(**sampling)
     ids = [int(t) for t in ids]
@@ -33,7 +34,10 @@ def generate_tokens(model, ids, max_tokens=256, stop_token_ids=None, sequence=No
     # Keep the cached prefix, but always recompute at least the last prompt token's logits.
     keep = min(seq.common_prefix(ids), len(ids) - 1)
     seq.truncate(keep)
-    logits = model.forward(seq, ids[keep:])
+    try:
+        logits = model.forward(seq, ids[keep:], cancel=cancel)
+    except Cancelled:
+        return "cancelled"
     sampler = Sampler(params, model.n_vocab, history=ids)
     for i in range(max_tokens):
         token = sampler.sample(logits)
@@ -43,6 +47,8 @@ def generate_tokens(model, ids, max_tokens=256, stop_token_ids=None, sequence=No
         sampler.observe(token)
         if i + 1 == max_tokens or len(seq) + 1 > seq.capacity:
             break
+        if cancel is not None and cancel.is_set():
+            return "cancelled"
         logits = model.forward(seq, [token])
     return "length"
 
@@ -50,8 +56,10 @@ def generate_tokens(model, ids, max_tokens=256, stop_token_ids=None, sequence=No
 class Generation:
     """One completion of `prompt_ids`, produced lazily as text pieces.
 
-    After iteration: `text`, `finish_reason` ("stop" or "length"), `prompt_tokens`,
-    `completion_tokens`, `token_ids`, and timings `prefill_s` / `decode_s`.
+    After iteration: `text`, `finish_reason` ("stop", "length", or "cancelled" after cancel()),
+    `prompt_tokens`, `completion_tokens`, `token_ids`, and timings `prefill_s` / `decode_s`.
+    `cancel()` may be called from any thread: the generation stops at the next prefill chunk or
+    token.
     """
 
     def __init__(self, model, prompt_ids, max_tokens=256, stop=None, sequence=None, skip_special_tokens=True,
@@ -70,6 +78,10 @@ class Generation:
         self.cached_tokens = 0  # prompt tokens whose KV the sequence already held
         self.finish_reason = None
         self.prefill_s = self.decode_s = 0.0
+        self._cancel = threading.Event()
+
+    def cancel(self):
+        self._cancel.set()
 
     @property
     def prompt_tokens(self):
@@ -88,7 +100,7 @@ class Generation:
             self.finish_reason = "length"
             return
         gen = generate_tokens(self.model, self.prompt_ids, max_tokens=self.max_tokens, sequence=self.sequence,
-                              stop_token_ids=self.stop_token_ids, **self.sampling)
+                              stop_token_ids=self.stop_token_ids, cancel=self._cancel, **self.sampling)
         if self.sequence is not None:
             self.cached_tokens = min(self.sequence.common_prefix(self.prompt_ids), len(self.prompt_ids) - 1)
         start = time.perf_counter()
