@@ -118,9 +118,9 @@ def test_chat_session_reuses_the_cache(model, monkeypatch):
     prefilled = []
     real_forward = model.forward
 
-    def counting_forward(seq, ids, all_positions=False):
+    def counting_forward(seq, ids, all_positions=False, **kwargs):
         prefilled.append(len(ids))
-        return real_forward(seq, ids, all_positions)
+        return real_forward(seq, ids, all_positions, **kwargs)
 
     monkeypatch.setattr(model, "forward", counting_forward)
     second = session.send("And again?").run()
