@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: build test test-fast bench clean
+.PHONY: build test test-fast bench soak clean
 
 # Compile the C/Cython kernels next to the sources (pip install . does the same into site-packages).
 build:
@@ -13,6 +13,10 @@ test: build
 
 test-fast: build
 	$(PYTHON) -m pytest -q -x tests -k "not real_model"
+
+# Five minutes of mixed, partly hostile load on the demo model's server (the suite runs 30 s of it).
+soak: build
+	$(PYTHON) tests/soak.py --duration 300
 
 bench: build
 	$(PYTHON) bench/bench_decode.py

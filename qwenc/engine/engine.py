@@ -318,7 +318,7 @@ class Engine:
         if num_blocks < 2:
             raise InvalidRequest(f"kv_memory={kv_memory!r} holds fewer than 2 blocks of "
                                  f"{KVCache.block_bytes(cfg)} bytes")
-        self.cache = KVCache(cfg, num_blocks)
+        self.cache = KVCache(cfg, num_blocks, prefault=True)
         self.pool = BlockPool(num_blocks, BLOCK_SIZE)
         self.scheduler = Scheduler(self.pool, max_batch, max_step_tokens)
         self.max_queue = max_queue

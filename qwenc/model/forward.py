@@ -39,13 +39,18 @@ class KVCache:
     [num_blocks, kv_heads, BLOCK_SIZE, head_dim] float32 (a block's vectors of one kv head are
     contiguous, so attention streams them)."""
 
-    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = BLOCK_SIZE):
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = BLOCK_SIZE, prefault: bool = False):
         if num_blocks < 1:
             raise InvalidRequest(f"a KV cache needs at least one block, got {num_blocks}")
         self.num_blocks, self.block_size = int(num_blocks), int(block_size)
         shape = (self.num_blocks, cfg.num_kv_heads, self.block_size, cfg.head_dim)
         self.k = [np.zeros(shape, np.float32) for _ in range(cfg.num_layers)]
         self.v = [np.zeros(shape, np.float32) for _ in range(cfg.num_layers)]
+        if prefault:
+            # np.zeros maps pages lazily; a server's cache is touched now, so its memory is
+            # taken (and visible) at start, not crept into as blocks are first used
+            for a in self.k + self.v:
+                a.fill(0)
 
     @staticmethod
     def block_bytes(cfg: ModelConfig, block_size: int = BLOCK_SIZE) -> int:
@@ -99,20 +104,28 @@ class StepItem:
 
 
 class Workspace:
-    """Activation buffers for a step of T tokens, reused across steps of the same size."""
+    """Activation buffers for steps of up to `capacity` tokens; a step of T tokens uses the first
+    T rows of each (contiguous views), so steps of every size share one allocation."""
 
-    def __init__(self, cfg: ModelConfig, T: int):
+    def __init__(self, cfg: ModelConfig, capacity: int):
         f = np.float32
+        self.capacity = capacity
+        self._x = np.empty((capacity, cfg.hidden_size), f)       # residual stream
+        self._h = np.empty((capacity, cfg.hidden_size), f)       # normalised input of a sub-block
+        self._q = np.empty((capacity, cfg.q_size), f)
+        self._k = np.empty((capacity, cfg.kv_size), f)
+        self._v = np.empty((capacity, cfg.kv_size), f)
+        self._attn = np.empty((capacity, cfg.q_size), f)
+        self._o = np.empty((capacity, cfg.hidden_size), f)       # output of a sub-block, added to x
+        self._gate = np.empty((capacity, cfg.intermediate_size), f)
+        self._up = np.empty((capacity, cfg.intermediate_size), f)
+        self.use(capacity)
+
+    def use(self, T: int):
         self.T = T
-        self.x = np.empty((T, cfg.hidden_size), f)       # residual stream
-        self.h = np.empty((T, cfg.hidden_size), f)       # normalised input of a sub-block
-        self.q = np.empty((T, cfg.q_size), f)
-        self.k = np.empty((T, cfg.kv_size), f)
-        self.v = np.empty((T, cfg.kv_size), f)
-        self.attn = np.empty((T, cfg.q_size), f)
-        self.o = np.empty((T, cfg.hidden_size), f)       # output of a sub-block, added to x
-        self.gate = np.empty((T, cfg.intermediate_size), f)
-        self.up = np.empty((T, cfg.intermediate_size), f)
+        for name in ("x", "h", "q", "k", "v", "attn", "o", "gate", "up"):
+            setattr(self, name, getattr(self, "_" + name)[:T])
+        return self
 
 
 class _Group:
@@ -166,15 +179,13 @@ class Transformer:
         exponent = np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / np.float32(hd)
         self.inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
         self.scale = float(1.0 / np.sqrt(hd))
-        self._workspaces = {}
+        self._ws = None
 
     def _workspace(self, T: int) -> Workspace:
-        ws = self._workspaces.get(T)
-        if ws is None:
-            if len(self._workspaces) > 24:  # keep decode's (T=1..batch) and a few prefill sizes
-                self._workspaces.clear()
-            ws = self._workspaces[T] = Workspace(self.config, T)
-        return ws
+        ws = self._ws
+        if ws is None or ws.capacity < T:
+            ws = self._ws = Workspace(self.config, max(T, 16))
+        return ws.use(T)
 
     # -- one decoder layer -------------------------------------------------------------------
 
