@@ -371,3 +371,50 @@ def test_serve_cli_binds_loopback_and_stops_on_sigterm(text_model_dir, tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_slow_reader_does_not_hold_up_others(live, client):
+    """A client that reads its stream very slowly: the engine does not wait for it, and another
+    client is served meanwhile."""
+    import socket
+    host, port = live.url[len("http://"):].split(":")
+    body = json.dumps({"messages": MSG, "max_tokens": 200, "stream": True, "ignore_eos": True}).encode()
+    s = socket.create_connection((host, int(port)))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    try:
+        s.recv(64)  # started; then read nothing for a while
+        t0 = time.monotonic()
+        r = client.chat.completions.create(model=live.model_name, messages=MSG, max_tokens=8, temperature=0)
+        assert r.choices[0].message.content is not None
+        assert time.monotonic() - t0 < 30
+    finally:
+        s.close()
+    live.wait_idle()
+
+
+def test_thousands_of_messages(live):
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": "ok"} for i in range(3000)]
+    r = httpx.post(live.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 2}, timeout=120)
+    err = _err(r, 400)  # rendered and tokenized fine, but far beyond the context
+    assert err["code"] == "context_length_exceeded"
+    _err(httpx.post(live.url + "/v1/chat/completions", json={"messages": msgs * 2, "max_tokens": 2}), 400)
+
+
+def test_cors_when_configured(model):
+    from qwenc.engine.engine import Engine
+    from qwenc.server.app import create_app
+    from starlette.testclient import TestClient
+    engine = Engine(model, max_batch=1, kv_memory="8MiB")
+    try:
+        app = create_app(engine, "m", cors_origins=["http://good.example"])
+        with TestClient(app) as tc:
+            r = tc.options("/v1/chat/completions", headers={"Origin": "http://good.example",
+                                                             "Access-Control-Request-Method": "POST"})
+            assert r.headers.get("access-control-allow-origin") == "http://good.example"
+            r = tc.options("/v1/chat/completions", headers={"Origin": "http://evil.example",
+                                                             "Access-Control-Request-Method": "POST"})
+            assert r.headers.get("access-control-allow-origin") != "http://evil.example"
+    finally:
+        engine.shutdown(grace=0)
