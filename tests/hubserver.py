@@ -15,10 +15,11 @@ _snapshot_download.py, hf_api.py, utils/_http.py):
 
 Errors carry the hub's X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound), which is what
 huggingface_hub turns into its exception types; a private repo answers 401 without a valid
-`Authorization: Bearer` token. The storage server is a second port, another origin, as the hub's
-CDN is: huggingface_hub then takes the file's metadata from the redirect and drops the token.
+`Authorization: Bearer` token. The storage server is another origin, as the hub's CDN is (a second
+port, reached as localhost where the hub is 127.0.0.1; both are bound to 127.0.0.1 only):
+huggingface_hub then takes the file's metadata from the redirect and drops the token.
 
-`cut_once(sha256)` makes the next transfer of that blob stop half-way (headers promise the whole
+`cut_once(data)` makes the next transfer of that blob stop half-way (headers promise the whole
 file, the connection closes early), as a network failure would. Every request is logged.
 """
 import hashlib
@@ -101,7 +102,9 @@ class HubServer:
         storage = _make_server(self, "storage")
         self._servers = [hub, storage]
         self.url = f"http://127.0.0.1:{hub.server_address[1]}"
-        self.storage_url = f"http://127.0.0.1:{storage.server_address[1]}"
+        # Another host name for the same loopback address: huggingface_hub versions differ in
+        # whether another port alone makes another origin, all of them agree on another name.
+        self.storage_url = f"http://localhost:{storage.server_address[1]}"
         for s in self._servers:
             threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self

@@ -29,6 +29,7 @@ from hubserver import HubServer
 from tinymodel import make_tiny, write_gguf
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
+from huggingface_hub import constants as hf_constants  # noqa: E402
 gguf = pytest.importorskip("gguf")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +97,7 @@ def online(hub, tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     # huggingface_hub reads HF_HUB_OFFLINE once, at import: if the outer environment had it set,
     # its HTTP session would refuse every request these tests mean to make.
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
     hub.clear_log()
     return SimpleNamespace(cache=tmp_path / "hf" / "hub", tmp=tmp_path)
 
@@ -298,7 +299,7 @@ def test_an_interrupted_transfer_resumes(online, hub, models, monkeypatch):
     digest = hashlib.sha256(data).hexdigest()
     # huggingface_hub writes what it receives in 10 MB chunks; smaller ones put part of this small
     # file on disk before the cut, so that the retry has something to resume from.
-    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 16 << 10)
+    monkeypatch.setattr(hf_constants, "DOWNLOAD_CHUNK_SIZE", 16 << 10)
     hub.cut_once(data)
     model = qwenc.load(f"{GG}:Q8_0")
     gets = [r for r in hub.requests(server="storage", method="GET") if digest in r.path]
