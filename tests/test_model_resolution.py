@@ -148,6 +148,18 @@ def test_repo_with_dangling_ref_and_no_snapshot(tmp_path, monkeypatch):
         qwenc.load("Org/broken")
 
 
+def test_a_cached_snapshot_without_weights(tiny, tmp_path, monkeypatch):
+    """Only config.json cached (a download cut short): offline, that is a model not yet fetched."""
+    src = tmp_path / "partial"
+    src.mkdir()
+    shutil.copy(tiny[0] / "config.json", src / "config.json")
+    fake_hub_snapshot(tmp_path / "hub3", "Org/partial", COMMIT, src)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub3"))
+    with pytest.raises(FileNotFoundError, match="holds no model qwenc can load .config.json.") as exc:
+        qwenc.load("Org/partial")
+    assert "qwenc pull Org/partial" in str(exc.value)
+
+
 def test_missing_local_paths(tmp_path):
     for spec in (tmp_path / "nothing.gguf", "./no/such/dir", "/no/such/model"):
         with pytest.raises(FileNotFoundError, match="does not exist"):

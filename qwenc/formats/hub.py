@@ -265,6 +265,8 @@ def _is_transport_error(exc) -> bool:
 def _hub_error(exc, ref: HubRef, s: Settings):
     """A qwenc exception for what huggingface_hub raised, or _Unreachable."""
     from huggingface_hub import errors as e
+    if isinstance(exc, e.HFValidationError):
+        return ModelNotFound(f"'{ref}' is not a local path, nor a valid hub id: {exc}")
     if isinstance(exc, e.GatedRepoError):
         return ModelNotFound(f"{ref.repo_id} on {s.endpoint_name} is gated: accept its terms on the model page, "
                              "then set HF_TOKEN to a token of that account")
@@ -299,7 +301,13 @@ def _call(fn, ref, s, *args, **kwargs):
 
 def _remote_listing(hf, ref: HubRef, s: Settings):
     api = hf.HfApi(endpoint=s.endpoint, token=s.token)
-    info = _call(api.model_info, ref, s, ref.repo_id, revision=ref.revision)
+    try:
+        info = _call(api.model_info, ref, s, ref.repo_id, revision=ref.revision)
+    except (ValueError, KeyError, TypeError) as exc:  # an answer that is not the hub's JSON
+        raise ModelNotFound(f"'{ref}': {s.endpoint_name} did not answer as a HuggingFace hub does "
+                            f"({type(exc).__name__}: {exc}); check HF_ENDPOINT") from exc
+    if not info.sha:
+        raise ModelNotFound(f"'{ref}': {s.endpoint_name} named no commit for {ref.repo_id}; check HF_ENDPOINT")
     return info.sha, [sib.rfilename for sib in (info.siblings or [])]
 
 
@@ -415,6 +423,9 @@ def _pick(ref: HubRef, names, fetch: _Fetcher) -> Path:
         return fetch(indexed_shards(snap / INDEX, names))
     if not ref.filename and not ref.quant and not any(n.endswith(".gguf") for n in names):
         shown = ", ".join(sorted(n for n in names if not n.startswith("."))[:12]) or "no files"
+        if not fetch.online:  # what is cached may be what an interrupted download left
+            raise ModelNotFound(f"'{ref}': the cached snapshot {fetch.commit} holds no model qwenc can load "
+                                f"({shown}), and {fetch.why}. Get it with `qwenc pull {ref}`")
         raise ModelFormatError(f"{ref.repo_id} holds neither safetensors weights with a config.json nor GGUF "
                                f"files, the formats qwenc reads (it holds: {shown})")
     group = choose_gguf(ref, names)
