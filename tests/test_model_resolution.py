@@ -1,14 +1,15 @@
-"""What `qwenc.load` and the CLI's `-m` accept, and how the demo model gets onto the disk.
+"""What `qwenc.load` and the CLI's `-m` accept, and how the demo models get onto the disk.
 
 One small random model is stored three ways: a HuggingFace directory, a GGUF file holding the
-same float32 weights and tokenizer, and a hub repo id in a fake HuggingFace cache (no network).
-All three must give bit-identical logits and the same CLI output. Then the failures a user meets
-first: a repo id that is not cached, no model at all, and a demo download that is short or
-corrupt (refused, with nothing half-written left behind).
+same float32 weights and tokenizer, and a hub repo id in a fake HuggingFace cache, looked up with
+HF_HUB_OFFLINE set (downloads are tests/test_hub.py's). All three must give bit-identical logits
+and the same CLI output. Then the failures a user meets first: a repo id that is not cached, no
+model at all, and a demo assembly that is short or corrupt (refused, with nothing half-written
+left behind); and the demo table against the extras that install it.
 """
+import dataclasses
 import hashlib
 import io
-import json
 import os
 import shutil
 from pathlib import Path
@@ -21,77 +22,19 @@ import qwenc.formats.demo
 from qwenc import cli
 from qwenc.formats.resolve import resolve_model_path
 from modelgen import make_model
-from oracles import qwen2_pipeline
+from tinymodel import ADDED, MERGES, make_tiny, write_gguf
 
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 
 REPO_ID = "TinyOrg/tiny-qwen2"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MERGES = [("h", "e"), ("l", "l"), ("he", "ll"), ("Ġ", "t")]
 
 
-# ---------------------------------------------------------------- one model, three ways
-
-def _tokenizer():
-    """A byte-level BPE in Qwen's pipeline (NFC, Qwen2 split, ByteLevel) with a 263-token vocab, so
-    it fits the 384-row random model and the text paths (gen, CLI) run on it."""
-    from tokenizers import AddedToken, pre_tokenizers
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {t: i for i, t in enumerate(alphabet + [a + b for a, b in MERGES])}
-    tok = qwen2_pipeline(vocab, MERGES)
-    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in ADDED])
-    return tok, vocab
-
-
-# HF name -> GGUF name, written out here rather than taken from qwenc.formats.gguf so that a wrong
-# mapping there cannot cancel itself out.
-_GGUF_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"}
-_GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-
-
-def _gguf_name(hf):
-    if hf in _GGUF_TOP:
-        return _GGUF_TOP[hf]
-    _, _, layer, rest = hf.split(".", 3)
-    module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_GGUF_BLOCK[module]}.{kind}"
-
-
-def write_gguf(model_dir: Path, path: Path, vocab: dict):
-    """The directory's float32 weights, config and tokenizer as a qwen2 GGUF (gguf's writer)."""
-    from safetensors.numpy import load_file
-    cfg = json.loads((model_dir / "config.json").read_text())
-    theta = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]
-    w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(theta)
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    tokens = sorted(vocab, key=vocab.get) + ADDED
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * len(vocab) + [3] * len(ADDED))  # normal, then control
-    w.add_token_merges([f"{a} {b}" for a, b in MERGES])
-    w.add_eos_token_id(len(vocab) + ADDED.index("<|im_end|>"))
-    for name, arr in load_file(str(model_dir / "model.safetensors")).items():
-        assert arr.dtype == np.float32, name
-        w.add_tensor(_gguf_name(name), arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+@pytest.fixture(autouse=True)
+def no_hub(monkeypatch):
+    """These tests are about the cache: HF_HUB_OFFLINE, so no lookup ever leaves the machine."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
 def fake_hub_snapshot(hub: Path, repo_id: str, commit: str, src: Path, ref="main"):
@@ -107,11 +50,8 @@ def fake_hub_snapshot(hub: Path, repo_id: str, commit: str, src: Path, ref="main
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("resolution")
-    model_dir, _ = make_model(root / "hf", arch="qwen2", dtype="f32", seed=5)
-    tok, vocab = _tokenizer()
-    tok.save(str(model_dir / "tokenizer.json"))
-    (model_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
-    gguf_path = write_gguf(model_dir, root / "tiny.gguf", vocab)
+    model_dir = make_tiny(root / "hf", seed=5)
+    gguf_path = write_gguf(model_dir, root / "tiny.gguf")
     return model_dir, gguf_path
 
 
@@ -189,6 +129,14 @@ def test_missing_repo_id_is_a_clear_file_not_found(hub):
         qwenc.load("NoSuchOrg/no-model")
     assert str(hub) in str(exc.value)  # says where it looked
     assert "cache" in str(exc.value)
+    assert "qwenc pull NoSuchOrg/no-model" in str(exc.value) and "HF_HUB_OFFLINE" in str(exc.value)
+    assert isinstance(exc.value, qwenc.errors.ModelNotFound)
+
+
+def test_not_a_hub_id_nor_a_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a hub id") as exc:
+        qwenc.load("some/dir/model.bin")
+    assert "OWNER/REPO:QUANT" in str(exc.value)
 
 
 def test_repo_with_dangling_ref_and_no_snapshot(tmp_path, monkeypatch):
@@ -198,6 +146,18 @@ def test_repo_with_dangling_ref_and_no_snapshot(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(FileNotFoundError, match="Org/broken"):
         qwenc.load("Org/broken")
+
+
+def test_a_cached_snapshot_without_weights(tiny, tmp_path, monkeypatch):
+    """Only config.json cached (a download cut short): offline, that is a model not yet fetched."""
+    src = tmp_path / "partial"
+    src.mkdir()
+    shutil.copy(tiny[0] / "config.json", src / "config.json")
+    fake_hub_snapshot(tmp_path / "hub3", "Org/partial", COMMIT, src)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub3"))
+    with pytest.raises(FileNotFoundError, match="holds no model qwenc can load .config.json.") as exc:
+        qwenc.load("Org/partial")
+    assert "qwenc pull Org/partial" in str(exc.value)
 
 
 def test_missing_local_paths(tmp_path):
@@ -252,14 +212,14 @@ def test_cli_without_any_model_says_how_to_get_one(tmp_path, monkeypatch, capsys
     cache.mkdir()
     monkeypatch.setenv("QWENC_CACHE", str(cache))
     monkeypatch.delenv("QWENC_MODEL", raising=False)
-    monkeypatch.setattr(qwenc.formats.demo, "part_paths", lambda: None)
+    monkeypatch.setattr(qwenc.formats.demo, "part_paths", lambda model=None: None)
     for command in (["gen", "hi"], ["chat"], ["bench"]):
         with pytest.raises(SystemExit) as exc:
             cli.main(command)
         message = str(exc.value.code)  # a string code: Python prints it and exits with status 1
         assert message.startswith("qwenc: no model given"), message
         assert 'pip install "qwenc[demo]"' in message and "-m PATH" in message
-        assert "hub repo id" in message
+        assert "hub repo id" in message and "demo-1.5b" in message
     assert list(cache.iterdir()) == []  # nothing assembled, nothing half-written
 
 
@@ -267,7 +227,7 @@ def test_cli_without_any_model_says_how_to_get_one(tmp_path, monkeypatch, capsys
 
 @pytest.fixture
 def fake_parts(tmp_path, monkeypatch):
-    """Three small part files; DEMO_SIZE and DEMO_SHA256 describe their concatenation."""
+    """Three small part files and a demo entry whose size and SHA-256 are their concatenation's."""
     rng = np.random.default_rng(0)
     blobs = [b"GGUF" + rng.bytes(1000), rng.bytes(1), rng.bytes(70_000)]
     parts = []
@@ -277,76 +237,112 @@ def fake_parts(tmp_path, monkeypatch):
         p.write_bytes(blob)
         parts.append(p)
     whole = b"".join(blobs)
-    monkeypatch.setattr(qwenc.formats.demo, "DEMO_SIZE", len(whole))
-    monkeypatch.setattr(qwenc.formats.demo, "DEMO_SHA256", hashlib.sha256(whole).hexdigest())
-    return parts, whole
+    fake = dataclasses.replace(qwenc.formats.demo.DEMOS["demo"], size=len(whole),
+                               sha256=hashlib.sha256(whole).hexdigest())
+    return parts, whole, fake
 
 
 def test_assemble_concatenates_in_order(fake_parts, tmp_path):
-    parts, whole = fake_parts
+    parts, whole, fake = fake_parts
     target = tmp_path / "cache" / "model.gguf"
     progress = io.StringIO()
-    assert qwenc.formats.demo.assemble(parts, target, progress=progress) == target
+    assert qwenc.formats.demo.assemble(parts, target, fake, progress=progress) == target
     assert target.read_bytes() == whole
     assert list(target.parent.iterdir()) == [target]
     assert progress.getvalue().endswith("\n") and "assembling demo model" in progress.getvalue()
 
 
-def test_assemble_refuses_wrong_size(fake_parts, tmp_path, monkeypatch):
-    parts, whole = fake_parts
-    monkeypatch.setattr(qwenc.formats.demo, "DEMO_SIZE", len(whole) + 1)
+def test_assemble_refuses_wrong_size(fake_parts, tmp_path):
+    parts, whole, fake = fake_parts
+    fake = dataclasses.replace(fake, size=len(whole) + 1)
     target = tmp_path / "cache" / "model.gguf"
     with pytest.raises(qwenc.formats.demo.DemoModelMissing, match=f"{len(whole)} bytes, expected {len(whole) + 1}"):
-        qwenc.formats.demo.assemble(parts, target, progress=None)
+        qwenc.formats.demo.assemble(parts, target, fake, progress=None)
     assert not target.parent.exists() or list(target.parent.iterdir()) == []
 
 
-def test_assemble_refuses_wrong_hash_and_leaves_nothing(fake_parts, tmp_path, monkeypatch):
-    parts, whole = fake_parts
-    monkeypatch.setattr(qwenc.formats.demo, "DEMO_SHA256", hashlib.sha256(whole[:-1] + b"x").hexdigest())
+def test_assemble_refuses_wrong_hash_and_leaves_nothing(fake_parts, tmp_path):
+    parts, whole, fake = fake_parts
+    fake = dataclasses.replace(fake, sha256=hashlib.sha256(whole[:-1] + b"x").hexdigest())
     target = tmp_path / "cache" / "model.gguf"
-    with pytest.raises(qwenc.formats.demo.DemoModelMissing, match="SHA-256"):
-        qwenc.formats.demo.assemble(parts, target, progress=None)
+    with pytest.raises(qwenc.formats.demo.DemoModelMissing, match="SHA-256") as exc:
+        qwenc.formats.demo.assemble(parts, target, fake, progress=None)
+    assert 'pip install --force-reinstall "qwenc[demo]"' in str(exc.value)
     assert list(target.parent.iterdir()) == []  # the partial file is gone
 
 
-def test_failed_assembly_keeps_an_existing_file(fake_parts, tmp_path, monkeypatch):
-    parts, whole = fake_parts
+def test_failed_assembly_keeps_an_existing_file(fake_parts, tmp_path):
+    parts, whole, fake = fake_parts
     target = tmp_path / "cache" / "model.gguf"
     target.parent.mkdir()
     target.write_bytes(b"previous")
-    monkeypatch.setattr(qwenc.formats.demo, "DEMO_SHA256", "0" * 64)
     with pytest.raises(qwenc.formats.demo.DemoModelMissing):
-        qwenc.formats.demo.assemble(parts, target, progress=None)
+        qwenc.formats.demo.assemble(parts, target, dataclasses.replace(fake, sha256="0" * 64), progress=None)
     assert target.read_bytes() == b"previous"
     assert list(target.parent.iterdir()) == [target]
 
 
 def test_a_corrupted_part_is_caught_by_the_hash(fake_parts, tmp_path):
     """Same size, one flipped byte: only the hash can tell."""
-    parts, whole = fake_parts
+    parts, whole, fake = fake_parts
     data = bytearray(parts[2].read_bytes())
     data[12345] ^= 0xFF
     parts[2].write_bytes(bytes(data))
     target = tmp_path / "cache" / "model.gguf"
     with pytest.raises(qwenc.formats.demo.DemoModelMissing, match="SHA-256"):
-        qwenc.formats.demo.assemble(parts, target, progress=None)
+        qwenc.formats.demo.assemble(parts, target, fake, progress=None)
     assert not target.exists()
 
 
-def test_demo_model_path_assembles_once(fake_parts, tmp_path, monkeypatch):
-    parts, whole = fake_parts
+@pytest.mark.parametrize("name", ["demo", "demo-1.5b"])
+def test_demo_model_path_assembles_once(fake_parts, tmp_path, monkeypatch, name):
+    parts, whole, fake = fake_parts
+    fake = dataclasses.replace(fake, name=name, filename=f"{name}.gguf")
+    monkeypatch.setitem(qwenc.formats.demo.DEMOS, name, fake)
     monkeypatch.setenv("QWENC_CACHE", str(tmp_path / "qc"))
     calls = []
-    monkeypatch.setattr(qwenc.formats.demo, "part_paths", lambda: calls.append(1) or parts)
-    path = qwenc.formats.demo.demo_model_path(progress=None)
-    assert path == tmp_path / "qc" / qwenc.formats.demo.DEMO_FILENAME and path.read_bytes() == whole
-    assert qwenc.formats.demo.demo_model_path(progress=None) == path
-    assert len(calls) == 1  # the second call found the assembled file and did not touch the parts
+    monkeypatch.setattr(qwenc.formats.demo, "part_paths", lambda model: calls.append(model.name) or parts)
+    path = qwenc.formats.demo.demo_model_path(progress=None, name=name)
+    assert path == tmp_path / "qc" / f"{name}.gguf" and path.read_bytes() == whole
+    assert qwenc.formats.demo.demo_model_path(progress=None, name=name) == path
+    assert resolve_model_path(name) == path  # -m demo / -m demo-1.5b
+    assert calls == [name]  # later calls found the assembled file and did not touch the parts
 
 
 def test_demo_model_path_without_parts(tmp_path, monkeypatch):
     monkeypatch.setenv("QWENC_CACHE", str(tmp_path / "qc"))
-    monkeypatch.setattr(qwenc.formats.demo, "part_paths", lambda: None)
+    monkeypatch.setattr(qwenc.formats.demo, "part_paths", lambda model=None: None)
     with pytest.raises(FileNotFoundError, match="pip install"):
         qwenc.formats.demo.demo_model_path(progress=None)
+    with pytest.raises(qwenc.formats.demo.DemoModelMissing, match=r'pip install "qwenc\[demo-1.5b\]"'):
+        qwenc.load("demo-1.5b")
+
+
+def test_part_paths_finds_installed_parts_in_order(tmp_path, monkeypatch):
+    """Parts are found as installed packages (<pkg>/data/partNN.bin), in the table's order; one
+    missing package means the demo is not installed."""
+    pkgs = [f"qwenc_fake_part{i}" for i in range(1, 4)]
+    for i, pkg in enumerate(pkgs, start=1):
+        (tmp_path / pkg / "data").mkdir(parents=True)
+        (tmp_path / pkg / "__init__.py").write_text("")
+        (tmp_path / pkg / "data" / f"part{i:02d}.bin").write_bytes(b"x" * i)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fake = dataclasses.replace(qwenc.formats.demo.DEMOS["demo"], packages=tuple(pkgs))
+    assert qwenc.formats.demo.part_paths(fake) == [tmp_path / p / "data" / f"part{i:02d}.bin"
+                                                    for i, p in enumerate(pkgs, start=1)]
+    assert qwenc.formats.demo.part_paths(dataclasses.replace(fake, packages=tuple(pkgs) + ("qwenc_no_such",))) is None
+    shutil.rmtree(tmp_path / pkgs[1] / "data")
+    assert qwenc.formats.demo.part_paths(fake) is None
+
+
+def test_demo_table_matches_the_extras_that_install_it():
+    """Each demo's parts are exactly the packages its pip extra pins, in order, so that
+    `pip install "qwenc[NAME]"` installs what `-m NAME` looks for."""
+    import tomllib
+    extras = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]
+    for name, model in qwenc.formats.demo.DEMOS.items():
+        pins = [req.split("==") for req in extras[name]]
+        assert all(len(p) == 2 for p in pins), extras[name]  # pinned: the hash is of one release
+        assert [pkg.replace("-", "_") for pkg, _ in pins] == list(model.packages), name
+    assert qwenc.formats.demo.DEMOS["demo-1.5b"].size == 1_117_320_768

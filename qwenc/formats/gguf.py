@@ -15,9 +15,16 @@ The file is mapped read-only and tensor data is never copied: `tensor_bytes` ret
 view into the mapping, which the row kernels read in place. Anything inconsistent (bad magic,
 an unsupported version, a value or tensor type this reader does not know, a read past the end,
 tensor data out of bounds) raises GGUFError naming the file.
+
+A model may be split over several files (llama.cpp's gguf-split): `NAME-00001-of-0000N.gguf` ...
+`NAME-0000N-of-0000N.gguf`, each a complete GGUF holding some of the tensors, with `split.no`
+(u16, from 0), `split.count` (u16) and `split.tensors.count` (i32, the total) in every header and
+the model's metadata in the first. `open_gguf` on the first part opens all of them, each mapped
+on its own, and presents one tensor table (`GGUFSplit`); nothing is merged or copied.
 """
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 
@@ -252,12 +259,116 @@ class GGUFFile:
         info = self.tensors[name]
         return self._bytes[info.offset:info.offset + info.nbytes]
 
+    def tensor_path(self, name) -> str:
+        """The file that holds tensor `name` (this one; a split model has several)."""
+        return self.path
+
+    @property
+    def paths(self):
+        return [self.path]
+
     def __repr__(self):
         return f"GGUFFile({self.path!r}, v{self.version}, {len(self.metadata)} keys, {len(self.tensors)} tensors)"
 
 
-def open_gguf(path) -> GGUFFile:
-    return GGUFFile(path)
+# ---------------------------------------------------------------- models split over several files
+
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+_INTEGER_TYPES = (UINT8, INT8, UINT16, INT16, UINT32, INT32, UINT64, INT64)
+SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def split_part_paths(path, count: int):
+    """The paths of all `count` parts of the split model whose first part is `path`, by llama.cpp's
+    naming (`NAME-%05d-of-%05d.gguf`, numbered from 1). The name is taken as given, not with
+    symlinks resolved: in a HuggingFace cache the parts are links to blobs named by hash."""
+    path = os.fspath(path)
+    folder, base = os.path.split(path)
+    m = SPLIT_NAME.match(base)
+    if m is None or int(m["no"]) != 1 or int(m["count"]) != count:
+        raise GGUFError(f"{path}: the first of {count} split parts must be named "
+                        f"NAME-00001-of-{count:05d}.gguf so that the others can be found")
+    return [os.path.join(folder, f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+
+
+def _split_header(gf: GGUFFile):
+    """(split.no, split.count) of one file, or None for a file that is not part of a split."""
+    if SPLIT_COUNT not in gf.metadata and SPLIT_NO not in gf.metadata:
+        return None
+    # llama.cpp writes u16, u16, i32; any integer type is read the same.
+    for key in (SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS):
+        if key not in gf.metadata:
+            raise GGUFError(f"{gf.path}: split GGUF without the {key!r} key")
+        if gf.value_types[key] not in _INTEGER_TYPES:
+            raise GGUFError(f"{gf.path}: {key!r} must be an integer")
+    no, count = int(gf.metadata[SPLIT_NO]), int(gf.metadata[SPLIT_COUNT])
+    if not 0 <= no < count:
+        raise GGUFError(f"{gf.path}: split.no {no} is outside 0..{count - 1}")
+    return no, count
+
+
+class GGUFSplit:
+    """A model split over several GGUF files, seen as one: the first part's `.metadata` and
+    `.value_types`, every part's tensors in one `.tensors` table, `tensor_bytes(name)` a view into
+    the part that holds it. `.path` is the first part, `.parts` the open files."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        first = parts[0]
+        self.path, self.version = first.path, first.version
+        self.metadata, self.value_types = first.metadata, first.value_types
+        self.tensors, self._owner = {}, {}
+        expected = int(first.metadata[SPLIT_TENSORS])
+        for i, part in enumerate(parts):
+            header = _split_header(part)
+            if header != (i, len(parts)):
+                raise GGUFError(f"{part.path}: expected split part {i + 1} of {len(parts)}, the header says "
+                                + (f"part {header[0] + 1} of {header[1]}" if header else "it is not a split part"))
+            if int(part.metadata[SPLIT_TENSORS]) != expected:
+                raise GGUFError(f"{part.path}: split.tensors.count {part.metadata[SPLIT_TENSORS]} differs "
+                                f"from the first part's {expected}")
+            for name, info in part.tensors.items():
+                if name in self.tensors:
+                    raise GGUFError(f"{part.path}: tensor {name!r} is also in {self._owner[name].path}")
+                self.tensors[name] = info
+                self._owner[name] = part
+        if len(self.tensors) != expected:
+            raise GGUFError(f"{self.path}: the {len(parts)} split parts hold {len(self.tensors)} tensors, "
+                            f"the header says {expected}")
+
+    def tensor_bytes(self, name) -> np.ndarray:
+        return self._owner[name].tensor_bytes(name)
+
+    def tensor_path(self, name) -> str:
+        return self._owner[name].path
+
+    @property
+    def paths(self):
+        return [p.path for p in self.parts]
+
+    def __repr__(self):
+        return f"GGUFSplit({self.path!r}, {len(self.parts)} parts, {len(self.tensors)} tensors)"
+
+
+def open_gguf(path):
+    """A GGUFFile, or a GGUFSplit when `path` is the first part of a split model."""
+    first = GGUFFile(path)
+    header = _split_header(first)
+    if header is None or header == (0, 1):
+        return first
+    no, count = header
+    if no != 0:
+        m = SPLIT_NAME.match(os.path.basename(first.path))
+        hint = f": open {m['prefix']}-00001-of-{count:05d}.gguf" if m else ""
+        raise GGUFError(f"{first.path}: part {no + 1} of a model split over {count} files; "
+                        f"load the first part{hint}")
+    paths = split_part_paths(first.path, count)
+    parts = [first]
+    for i, p in enumerate(paths[1:], start=2):
+        if not os.path.isfile(p):
+            raise GGUFError(f"{first.path}: split part {i} of {count} is missing (expected {p})")
+        parts.append(GGUFFile(p))
+    return GGUFSplit(parts)
 
 
 # ---------------------------------------------------------------- GGUF -> HF names and config
@@ -364,5 +475,5 @@ def gguf_to_hf(gf: GGUFFile):
     for name, info in gf.tensors.items():
         hf = hf_tensor_name(name)
         tensors[hf] = Tensor(name=hf, dtype=info.dtype, shape=tuple(reversed(info.shape)),
-                             data=gf.tensor_bytes(name), source=gf.path)
+                             data=gf.tensor_bytes(name), source=gf.tensor_path(name))
     return config, tensors

