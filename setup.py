@@ -15,8 +15,8 @@ from setuptools import Extension, setup
 
 # Each Python-visible module and the C files it wraps.
 MODULES = {
-    "qwenc._ops": ["csrc/cpu.c", "csrc/quant.c", "csrc/matmul.c", "csrc/ops.c", "csrc/attention.c", "csrc/sample.c"],
-    "qwenc._quant": ["csrc/cpu.c", "csrc/quant.c"],
+    "qwenc._ops": ["csrc/cpu.c", "csrc/quant.c", "csrc/fdot.c", "csrc/matmul.c", "csrc/ops.c", "csrc/attention.c", "csrc/sample.c"],
+    "qwenc._quant": ["csrc/cpu.c", "csrc/quant.c", "csrc/fdot.c"],
     "qwenc._bpe": ["csrc/bpe.c"],
 }
 
@@ -39,7 +39,11 @@ def compiler_accepts(flag):
 
 def extensions():
     use_openmp = os.environ.get("QWENC_NO_OPENMP") != "1" and sys.platform != "win32" and compiler_accepts("-fopenmp")
-    cflags = ["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-math-errno", "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION"]
+    # -ffp-contract=off: the compiler must not fuse a multiply and an add on its own; the kernels'
+    # reduction orders (csrc/fdot.h, matmul.h) are part of their results, the same whatever the
+    # compiler's default.
+    cflags = ["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-math-errno", "-ffp-contract=off",
+              "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION"]
     ldflags = []
     if use_openmp:
         cflags.append("-fopenmp")

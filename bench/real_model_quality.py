@@ -115,8 +115,8 @@ class Tally:
 
 def decode_logits(model, ids) -> np.ndarray:
     """Logits at every position computed the way decode computes them: one token per forward
-    pass. The activation modes (int16, int8) change only these products (a prefill's many rows
-    take the float tiles), so their quality must be measured here."""
+    pass. (The products are batch invariant, so a prefill's rows give the same logits; this is
+    decode's path spelled out.)"""
     seq = model.new_sequence(len(ids))
     out = np.empty((len(ids), model.config.vocab_size), np.float32)
     for i, t in enumerate(ids):

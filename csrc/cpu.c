@@ -67,3 +67,18 @@ int qw_parallel_width(void) {
     }
     return n;
 }
+
+/* Allocations a test asked to fail. */
+static int fail_allocs = 0;
+
+void qw_fail_allocs(int n) { __atomic_store_n(&fail_allocs, n > 0 ? n : 0, __ATOMIC_RELAXED); }
+
+void *qw_alloc(size_t size) {
+    int n = __atomic_load_n(&fail_allocs, __ATOMIC_RELAXED);
+    while (n > 0) {
+        if (__atomic_compare_exchange_n(&fail_allocs, &n, n - 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return NULL;
+    }
+    return aligned_alloc(64, (size + 63) & ~(size_t)63);
+}
+
+void qw_free(void *p) { free(p); }

@@ -8,6 +8,8 @@
 #ifndef QWENC_CPU_H
 #define QWENC_CPU_H
 
+#include <stddef.h>
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define QW_HAVE_X86 1
 #define QW_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -28,5 +30,11 @@ int qw_get_threads(void);
 void qw_set_threads(int n);
 /* Threads a parallel region of the kernels gets when started from the calling thread. */
 int qw_parallel_width(void);
+
+/* 64-byte aligned buffers for the kernels' scratch; qw_alloc returns NULL when out of memory.
+ * qw_fail_allocs(n) makes the next n calls fail (for tests of the error paths; 0 turns it off). */
+void *qw_alloc(size_t size);
+void qw_free(void *p);
+void qw_fail_allocs(int n);
 
 #endif

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "fdot.h"
 
 #if QW_HAVE_X86
 #include <immintrin.h>
@@ -120,42 +121,6 @@ static void dequant_bf16(const void *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = qw_bf16_to_f32(s[i]);
 }
 
-static float dot_f32(const void *row, const float *x, int64_t n) {
-    const float *w = row;
-    float acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += w[i + j] * x[i + j];
-    float s = 0;
-    for (; i < n; i++) s += w[i] * x[i];
-    for (int j = 0; j < 8; j++) s += acc[j];
-    return s;
-}
-
-static float dot_f16(const void *row, const float *x, int64_t n) {
-    const uint16_t *w = row;
-    float acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += qw_f16_to_f32(w[i + j]) * x[i + j];
-    float s = 0;
-    for (; i < n; i++) s += qw_f16_to_f32(w[i]) * x[i];
-    for (int j = 0; j < 8; j++) s += acc[j];
-    return s;
-}
-
-static float dot_bf16(const void *row, const float *x, int64_t n) {
-    const uint16_t *w = row;
-    float acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += qw_bf16_to_f32(w[i + j]) * x[i + j];
-    float s = 0;
-    for (; i < n; i++) s += qw_bf16_to_f32(w[i]) * x[i];
-    for (int j = 0; j < 8; j++) s += acc[j];
-    return s;
-}
-
 /* ---------------------------------------------------------------- float types: AVX2 */
 #if QW_HAVE_X86
 
@@ -188,40 +153,6 @@ QW_TARGET_AVX2 static void dequant_bf16_avx2(const void *src, float *dst, int64_
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_bf16x8(s + i));
     for (; i < n; i++) dst[i] = qw_bf16_to_f32(s[i]);
-}
-
-/* Four independent accumulators hide the FMA latency. */
-#define QW_DOT_AVX2_BODY(LOAD)                                                              \
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                            \
-    int64_t i = 0;                                                                          \
-    for (; i + 32 <= n; i += 32) {                                                          \
-        a0 = _mm256_fmadd_ps(LOAD(w + i), _mm256_loadu_ps(x + i), a0);                     \
-        a1 = _mm256_fmadd_ps(LOAD(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);             \
-        a2 = _mm256_fmadd_ps(LOAD(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);           \
-        a3 = _mm256_fmadd_ps(LOAD(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);           \
-    }                                                                                       \
-    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(LOAD(w + i), _mm256_loadu_ps(x + i), a0); \
-    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-
-QW_TARGET_AVX2 static float dot_f32_avx2(const void *row, const float *x, int64_t n) {
-    const float *w = row;
-    QW_DOT_AVX2_BODY(_mm256_loadu_ps)
-    for (; i < n; i++) s += w[i] * x[i];
-    return s;
-}
-
-QW_TARGET_AVX2 static float dot_f16_avx2(const void *row, const float *x, int64_t n) {
-    const uint16_t *w = row;
-    QW_DOT_AVX2_BODY(load_f16x8)
-    for (; i < n; i++) s += qw_f16_to_f32(w[i]) * x[i];
-    return s;
-}
-
-QW_TARGET_AVX2 static float dot_bf16_avx2(const void *row, const float *x, int64_t n) {
-    const uint16_t *w = row;
-    QW_DOT_AVX2_BODY(load_bf16x8)
-    for (; i < n; i++) s += qw_bf16_to_f32(w[i]) * x[i];
-    return s;
 }
 
 #endif /* QW_HAVE_X86 */
@@ -437,116 +368,6 @@ static void dequant_q6_k(const void *src, float *y, int64_t n) {
     }
 }
 
-/* sum over n (a multiple of 16) of q[i] * x[i]. */
-static inline float dot_codes(const int8_t *q, const float *x, int n) {
-    float acc[8] = {0};
-    for (int i = 0; i < n; i += 16) {
-        float qf[16];
-        for (int j = 0; j < 16; j++) qf[j] = (float)q[i + j];
-        for (int k = 0; k < 8; k++) acc[k] += qf[k] * x[i + k] + qf[k + 8] * x[i + k + 8];
-    }
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-static inline float sum_f32(const float *x, int n) {
-    float acc[8] = {0};
-    for (int i = 0; i < n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += x[i + j];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-static float dot_q4_0(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    int8_t q[QK];
-    float s = 0;
-    for (int64_t i = 0; i < n; i += QK, b += 18, x += QK) {
-        unpack_nibbles(b + 2, 8, q);
-        s += rd_f16(b) * dot_codes(q, x, QK);
-    }
-    return s;
-}
-
-static float dot_q4_1(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    int8_t q[QK];
-    float s = 0;
-    for (int64_t i = 0; i < n; i += QK, b += 20, x += QK) {
-        unpack_nibbles(b + 4, 0, q);
-        s += rd_f16(b) * dot_codes(q, x, QK) + rd_f16(b + 2) * sum_f32(x, QK);
-    }
-    return s;
-}
-
-static float dot_q5_0(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    int8_t q[QK];
-    float s = 0;
-    for (int64_t i = 0; i < n; i += QK, b += 22, x += QK) {
-        unpack_nibbles5(b + 6, b + 2, 16, q);
-        s += rd_f16(b) * dot_codes(q, x, QK);
-    }
-    return s;
-}
-
-static float dot_q5_1(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    int8_t q[QK];
-    float s = 0;
-    for (int64_t i = 0; i < n; i += QK, b += 24, x += QK) {
-        unpack_nibbles5(b + 8, b + 4, 0, q);
-        s += rd_f16(b) * dot_codes(q, x, QK) + rd_f16(b + 2) * sum_f32(x, QK);
-    }
-    return s;
-}
-
-static float dot_q8_0(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    float s = 0;
-    for (int64_t i = 0; i < n; i += QK, b += 34, x += QK) s += rd_f16(b) * dot_codes((const int8_t *)(b + 2), x, QK);
-    return s;
-}
-
-/* Q4_K and Q5_K share everything but the fifth bit: qh is NULL for Q4_K. */
-static float dot_kquant_4_5(const uint8_t *b, const uint8_t *qs, const uint8_t *qh, const float *x) {
-    float d = rd_f16(b), dmin = rd_f16(b + 2), s = 0;
-    int8_t q[32];
-    for (int j = 0; j < 8; j++, x += 32) {
-        int sc, m;
-        kquant_scale_min(b + 4, j, &sc, &m);
-        unpack_kquant(qs, qh, j, q);
-        s += d * (float)sc * dot_codes(q, x, 32) - dmin * (float)m * sum_f32(x, 32);
-    }
-    return s;
-}
-
-static float dot_q4_k(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    float s = 0;
-    for (int64_t i = 0; i < n; i += QKK, b += 144, x += QKK) s += dot_kquant_4_5(b, b + 16, NULL, x);
-    return s;
-}
-
-static float dot_q5_k(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    float s = 0;
-    for (int64_t i = 0; i < n; i += QKK, b += 176, x += QKK) s += dot_kquant_4_5(b, b + 48, b + 16, x);
-    return s;
-}
-
-static float dot_q6_k(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    int8_t q[QKK];
-    float s = 0;
-    for (int64_t i = 0; i < n; i += QKK, b += 210, x += QKK) {
-        const int8_t *sc = (const int8_t *)(b + 192);
-        unpack_q6_k(b, q);
-        float bs = 0;
-        for (int g = 0; g < 16; g++) bs += (float)sc[g] * dot_codes(q + 16 * g, x + 16 * g, 16);
-        s += rd_f16(b + 208) * bs;
-    }
-    return s;
-}
-
 /* ---------------------------------------------------------------- block types: AVX2
  *
  * Dequantizers unpack a block with byte-wide integer SIMD into its 32 codes (one __m256i in value
@@ -735,133 +556,6 @@ QW_TARGET_AVX2 static void dequant_q6_k_avx2(const void *src, float *y, int64_t 
     }
 }
 
-/* ---- dot kernels
- *
- * These work on 8 values per 32-bit lane vector: bytes are widened to dwords straight from memory
- * (one vpmovzxbd/vpmovsxbd each), and nibbles and high bits are separated afterwards with shifts
- * and masks, which run on any vector pipe, rather than with the byte shuffles the dequantizers
- * use, which compete for the two shuffle pipes with the widening itself. */
-
-/* 8 bytes at p widened to 8 dwords (zero- or sign-extended). */
-QW_TARGET_AVX2 static inline __m256i u8x8_epi32(const uint8_t *p) {
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-}
-
-QW_TARGET_AVX2 static inline __m256i s8x8_epi32(const uint8_t *p) {
-    return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
-}
-
-/* An f16 scale broadcast to 8 floats. */
-QW_TARGET_AVX2 static inline __m256 f16_bcast(const uint8_t *p) {
-    return _mm256_cvtph_ps(_mm_set1_epi16((short)rd_u16(p)));
-}
-
-/* Q5_0/Q5_1 fifth bits, a byte of qh at a time, as dword values to OR into 8 nibbles: for Q5_0
- * (signed codes q - 16) entry i is 0 when bit i is set and -16 (all bits above the nibble) when
- * it is clear; for Q5_1 (unsigned codes) it is 16 when set, else 0. A table load costs less than
- * isolating 8 bits in 8 lanes. */
-#define QW_Q5_0_OFF(b, i) (QW_BIT(b, i) ? 0 : -16)
-#define QW_Q5_0_ROW(b) {QW_Q5_0_OFF(b, 0), QW_Q5_0_OFF(b, 1), QW_Q5_0_OFF(b, 2), QW_Q5_0_OFF(b, 3), \
-    QW_Q5_0_OFF(b, 4), QW_Q5_0_OFF(b, 5), QW_Q5_0_OFF(b, 6), QW_Q5_0_OFF(b, 7)}
-
-static _Alignas(32) const int32_t q5_0_high[256][8] = {QW_ROWS256(QW_Q5_0_ROW)};
-static _Alignas(32) const int32_t q5_1_high[256][8] = {QW_ROWS256(QW_BIT4_ROW)};
-
-QW_TARGET_AVX2 static inline __m256i high_bits(const int32_t (*table)[8], uint8_t byte) {
-    return _mm256_load_si256((const __m256i *)table[byte]);
-}
-
-/* The four 8-value code vectors of a 32-value nibble block (values 0-7, 8-15, 16-23, 24-31):
- * low nibbles of qs[0..16) then high nibbles. */
-QW_TARGET_AVX2 static inline void nibble_codes(const uint8_t *qs, __m256i c[4]) {
-    const __m256i low4 = _mm256_set1_epi32(0x0F);
-    __m256i v0 = u8x8_epi32(qs), v1 = u8x8_epi32(qs + 8);
-    c[0] = _mm256_and_si256(v0, low4);
-    c[1] = _mm256_and_si256(v1, low4);
-    c[2] = _mm256_srli_epi32(v0, 4);
-    c[3] = _mm256_srli_epi32(v1, 4);
-}
-
-/* sum over 32 values of c * x, as 8 partial sums (two chains). */
-QW_TARGET_AVX2 static inline __m256 dot4x8(const __m256i c[4], const float *x) {
-    __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(c[0]), _mm256_loadu_ps(x));
-    __m256 b = _mm256_mul_ps(_mm256_cvtepi32_ps(c[1]), _mm256_loadu_ps(x + 8));
-    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[2]), _mm256_loadu_ps(x + 16), a);
-    b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[3]), _mm256_loadu_ps(x + 24), b);
-    return _mm256_add_ps(a, b);
-}
-
-/* sum over 32 values of (d * c + m) * x: the weights formed by FMA, then dotted. */
-QW_TARGET_AVX2 static inline __m256 dot4x8_affine(const __m256i c[4], __m256 d, __m256 m, const float *x) {
-    __m256 a = _mm256_mul_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(c[0]), d, m), _mm256_loadu_ps(x));
-    __m256 b = _mm256_mul_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(c[1]), d, m), _mm256_loadu_ps(x + 8));
-    a = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(c[2]), d, m), _mm256_loadu_ps(x + 16), a);
-    b = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(c[3]), d, m), _mm256_loadu_ps(x + 24), b);
-    return _mm256_add_ps(a, b);
-}
-
-QW_TARGET_AVX2 static inline void codes_q4_0_dw(const uint8_t *b, __m256i c[4]) {
-    const __m256i eight = _mm256_set1_epi32(8);
-    nibble_codes(b + 2, c);
-    for (int k = 0; k < 4; k++) c[k] = _mm256_sub_epi32(c[k], eight);
-}
-
-QW_TARGET_AVX2 static inline void codes_q5_0_dw(const uint8_t *b, __m256i c[4]) {
-    nibble_codes(b + 6, c);
-    for (int k = 0; k < 4; k++) c[k] = _mm256_or_si256(c[k], high_bits(q5_0_high, b[2 + k]));
-}
-
-QW_TARGET_AVX2 static inline void codes_q8_0_dw(const uint8_t *b, __m256i c[4]) {
-    for (int k = 0; k < 4; k++) c[k] = s8x8_epi32(b + 2 + 8 * k);
-}
-
-/* The scale-only 32-value types share one loop: two blocks per step into two accumulators. */
-#define QW_DOT32_AVX2(NAME, BYTES, CODES)                                                      \
-    QW_TARGET_AVX2 static float NAME(const void *row, const float *x, int64_t n) {            \
-        const uint8_t *b = row;                                                                \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;                                        \
-        __m256i c[4];                                                                          \
-        int64_t nb = n / QK, i = 0;                                                            \
-        for (; i + 2 <= nb; i += 2, b += 2 * (BYTES), x += 2 * QK) {                           \
-            CODES(b, c);                                                                       \
-            acc0 = _mm256_fmadd_ps(dot4x8(c, x), f16_bcast(b), acc0);                          \
-            CODES(b + (BYTES), c);                                                             \
-            acc1 = _mm256_fmadd_ps(dot4x8(c, x + QK), f16_bcast(b + (BYTES)), acc1);           \
-        }                                                                                      \
-        if (i < nb) {                                                                          \
-            CODES(b, c);                                                                       \
-            acc0 = _mm256_fmadd_ps(dot4x8(c, x), f16_bcast(b), acc0);                          \
-        }                                                                                      \
-        return hsum256(_mm256_add_ps(acc0, acc1));                                             \
-    }
-
-QW_DOT32_AVX2(dot_q4_0_avx2, 18, codes_q4_0_dw)
-QW_DOT32_AVX2(dot_q5_0_avx2, 22, codes_q5_0_dw)
-QW_DOT32_AVX2(dot_q8_0_avx2, 34, codes_q8_0_dw)
-
-QW_TARGET_AVX2 static float dot_q4_1_avx2(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    __m256 acc = _mm256_setzero_ps();
-    __m256i c[4];
-    for (int64_t i = 0; i < n; i += QK, b += 20, x += QK) {
-        nibble_codes(b + 4, c);
-        acc = _mm256_add_ps(acc, dot4x8_affine(c, f16_bcast(b), f16_bcast(b + 2), x));
-    }
-    return hsum256(acc);
-}
-
-QW_TARGET_AVX2 static float dot_q5_1_avx2(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    __m256 acc = _mm256_setzero_ps();
-    __m256i c[4];
-    for (int64_t i = 0; i < n; i += QK, b += 24, x += QK) {
-        nibble_codes(b + 8, c);
-        for (int k = 0; k < 4; k++) c[k] = _mm256_or_si256(c[k], high_bits(q5_1_high, b[4 + k]));
-        acc = _mm256_add_ps(acc, dot4x8_affine(c, f16_bcast(b), f16_bcast(b + 2), x));
-    }
-    return hsum256(acc);
-}
-
 /* Q4_K/Q5_K: the 8 6-bit scales (*sc) and mins (*m) of a super-block, one per byte. The 12 scale
  * bytes are unpacked four at a time in 32-bit words (the first four 6-bit values are the low bits
  * of words 0 and 1; the last four are nibbles of word 2 plus the top two bits of words 0 and 1). */
@@ -871,151 +565,67 @@ static inline void kquant_scale_bytes(const uint8_t *b, uint64_t *sc, uint64_t *
     *m = (w1 & 0x3F3F3F3Fu) | (uint64_t)(((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u)) << 32;
 }
 
-/* Q4_K/Q5_K: the 8 d * sc (dl) and dmin * m (ml) of a super-block, widened and scaled as vectors. */
-QW_TARGET_AVX2 static inline void kquant_scales_dot(const uint8_t *b, float *dl, float *ml) {
-    uint64_t sc, m;
-    kquant_scale_bytes(b, &sc, &m);
-    __m256 vsc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
-    __m256 vm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m)));
-    _mm256_storeu_ps(dl, _mm256_mul_ps(vsc, f16_bcast(b)));
-    _mm256_storeu_ps(ml, _mm256_mul_ps(vm, f16_bcast(b + 2)));
-}
-
-/* Bit p of each dword-widened byte of h4 (the bytes already shifted left by 4) moved to bit 4. */
-QW_TARGET_AVX2 static inline __m256i bit_to_16(__m256i h4, __m128i p) {
-    return _mm256_and_si256(_mm256_srl_epi32(h4, p), _mm256_set1_epi32(0x10));
-}
-
-/* Q4_K/Q5_K super-block: each value's weight dl * q - ml formed by one FMA, then dotted; qh is
- * NULL for Q4_K. Four accumulators (even/odd 8-value group x low/high sub-block). */
-QW_TARGET_AVX2 static inline void dot_kquant_4_5_avx2(const uint8_t *b, const uint8_t *qs, const uint8_t *qh,
-                                                     const float *x, __m256 acc[4]) {
-    const __m256i low4 = _mm256_set1_epi32(0x0F);
-    float dl[8], ml[8];
-    kquant_scales_dot(b, dl, ml);
-    for (int c = 0; c < 4; c++, qs += 32, x += 64) {
-        __m256 d0 = _mm256_broadcast_ss(&dl[2 * c]), m0 = _mm256_broadcast_ss(&ml[2 * c]);
-        __m256 d1 = _mm256_broadcast_ss(&dl[2 * c + 1]), m1 = _mm256_broadcast_ss(&ml[2 * c + 1]);
-        for (int g = 0; g < 4; g++) {
-            __m256i v = u8x8_epi32(qs + 8 * g);
-            __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_srli_epi32(v, 4);
-            if (qh) {
-                __m256i h4 = _mm256_slli_epi32(u8x8_epi32(qh + 8 * g), 4);
-                lo = _mm256_or_si256(lo, bit_to_16(h4, _mm_cvtsi32_si128(2 * c)));
-                hi = _mm256_or_si256(hi, bit_to_16(h4, _mm_cvtsi32_si128(2 * c + 1)));
-            }
-            __m256 wlo = _mm256_fmsub_ps(_mm256_cvtepi32_ps(lo), d0, m0);
-            __m256 whi = _mm256_fmsub_ps(_mm256_cvtepi32_ps(hi), d1, m1);
-            acc[g & 1] = _mm256_fmadd_ps(wlo, _mm256_loadu_ps(x + 8 * g), acc[g & 1]);
-            acc[2 + (g & 1)] = _mm256_fmadd_ps(whi, _mm256_loadu_ps(x + 32 + 8 * g), acc[2 + (g & 1)]);
-        }
-    }
-}
-
-QW_TARGET_AVX2 static inline float hsum4(const __m256 acc[4]) {
-    return hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-}
-
-QW_TARGET_AVX2 static float dot_q4_k_avx2(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < n; i += QKK, b += 144, x += QKK) dot_kquant_4_5_avx2(b, b + 16, NULL, x, acc);
-    return hsum4(acc);
-}
-
-QW_TARGET_AVX2 static float dot_q5_k_avx2(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < n; i += QKK, b += 176, x += QKK) dot_kquant_4_5_avx2(b, b + 48, b + 16, x, acc);
-    return hsum4(acc);
-}
-
-/* Q6_K: codes are assembled 32 at a time with byte SIMD (cheaper than per dword for six bits
- * from two places), parked in a small buffer and widened from there by vpmovsxbd loads, which
- * avoids the lane extracts that widening from a register needs. */
-QW_TARGET_AVX2 static float dot_q6_k_avx2(const void *row, const float *x, int64_t n) {
-    const uint8_t *b = row;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    _Alignas(32) uint8_t codes[256];
-    _Alignas(32) float ds[16];
-    for (int64_t i = 0; i < n; i += QKK, b += 210, x += QKK) {
-        /* the 16 scales times d */
-        __m256 d = f16_bcast(b + 208);
-        _mm256_store_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(s8x8_epi32(b + 192)), d));
-        _mm256_store_ps(ds + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(s8x8_epi32(b + 200)), d));
-        for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 4; k++)
-                _mm256_store_si256((__m256i *)(codes + 128 * h + 32 * k), q6k_codes(b + 64 * h, b + 128 + 32 * h, k));
-        /* 16 groups of 16 values, one scale each */
-        for (int s = 0; s < 16; s++) {
-            const uint8_t *c = codes + 16 * s;
-            const float *xs = x + 16 * s;
-            __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(s8x8_epi32(c)), _mm256_loadu_ps(xs));
-            p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8x8_epi32(c + 8)), _mm256_loadu_ps(xs + 8), p);
-            acc[s & 3] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&ds[s]), acc[s & 3]);
-        }
-    }
-    return hsum4(acc);
-}
-
 #endif /* QW_HAVE_X86 */
 
 /* ---------------------------------------------------------------- dispatch */
 
 typedef void (*dequant_fn)(const void *, float *, int64_t);
-typedef float (*dot_fn)(const void *, const float *, int64_t);
 
-struct kernels {
-    dequant_fn dequant, dequant_simd;
-    dot_fn dot, dot_simd;
-};
-
+/* The dequantizer of `dtype` on the current SIMD setting, or NULL. F32 has no separate SIMD
+ * dequantizer: it is a memcpy. */
+static dequant_fn dequant_of(int dtype) {
 #if QW_HAVE_X86
-#define KERNELS(T) {dequant_##T, dequant_##T##_avx2, dot_##T, dot_##T##_avx2}
+    int simd = qw_use_avx2();
+#define PICK(T) (simd ? dequant_##T##_avx2 : dequant_##T)
 #else
-#define KERNELS(T) {dequant_##T, dequant_##T, dot_##T, dot_##T}
+#define PICK(T) dequant_##T
 #endif
-
-/* The kernels of `dtype`, or NULL. F32 has no separate SIMD dequantizer: it is a memcpy. */
-static const struct kernels *kernels_of(int dtype) {
-#if QW_HAVE_X86
-    static const struct kernels f32 = {dequant_f32, dequant_f32, dot_f32, dot_f32_avx2};
-#else
-    static const struct kernels f32 = {dequant_f32, dequant_f32, dot_f32, dot_f32};
-#endif
-    static const struct kernels f16 = KERNELS(f16), bf16 = KERNELS(bf16), q4_0 = KERNELS(q4_0),
-                                q4_1 = KERNELS(q4_1), q5_0 = KERNELS(q5_0), q5_1 = KERNELS(q5_1),
-                                q8_0 = KERNELS(q8_0), q4_k = KERNELS(q4_k), q5_k = KERNELS(q5_k),
-                                q6_k = KERNELS(q6_k);
     switch (dtype) {
-    case QW_F32: return &f32;
-    case QW_F16: return &f16;
-    case QW_BF16: return &bf16;
-    case QW_Q4_0: return &q4_0;
-    case QW_Q4_1: return &q4_1;
-    case QW_Q5_0: return &q5_0;
-    case QW_Q5_1: return &q5_1;
-    case QW_Q8_0: return &q8_0;
-    case QW_Q4_K: return &q4_k;
-    case QW_Q5_K: return &q5_k;
-    case QW_Q6_K: return &q6_k;
+    case QW_F32: return dequant_f32;
+    case QW_F16: return PICK(f16);
+    case QW_BF16: return PICK(bf16);
+    case QW_Q4_0: return PICK(q4_0);
+    case QW_Q4_1: return PICK(q4_1);
+    case QW_Q5_0: return PICK(q5_0);
+    case QW_Q5_1: return PICK(q5_1);
+    case QW_Q8_0: return PICK(q8_0);
+    case QW_Q4_K: return PICK(q4_k);
+    case QW_Q5_K: return PICK(q5_k);
+    case QW_Q6_K: return PICK(q6_k);
     default: return NULL;
     }
+#undef PICK
 }
 
 void qw_dequant_row(int dtype, const void *src, float *dst, int64_t n) {
-    const struct kernels *k = kernels_of(dtype);
-    if (!k) {
+    dequant_fn f = dequant_of(dtype);
+    if (!f) {
         memset(dst, 0, (size_t)n * sizeof(float));
         return;
     }
-    (qw_use_avx2() ? k->dequant_simd : k->dequant)(src, dst, n);
+    f(src, dst, n);
 }
 
+/* The f32 mode's dot (fdot.h): the row widened 256 values at a time into a buffer on the stack
+ * (each widened value exactly the dequantizer's) and the one chain continued over each piece, so
+ * the result is bit for bit what the tiled products compute for this row. */
 float qw_dot_row(int dtype, const void *row, const float *x, int64_t n) {
-    const struct kernels *k = kernels_of(dtype);
-    if (!k) return 0.0f;
-    return (qw_use_avx2() ? k->dot_simd : k->dot)(row, x, n);
+    enum { PIECE = 256 };
+    dequant_fn f = dequant_of(dtype);
+    if (!f) return 0.0f;
+    if (dtype == QW_F32) return qw_fdot(row, x, n);
+    _Alignas(32) float buf[PIECE];
+    int64_t bs = qw_block_size(dtype), bb = qw_block_bytes(dtype), n8 = n & ~(int64_t)7;
+    const uint8_t *w = row;
+    qw_fdot_acc acc;
+    qw_fdot_start(&acc);
+    for (int64_t i = 0; i < n8; i += PIECE) {
+        int64_t len = n8 - i < PIECE ? n8 - i : PIECE; /* a multiple of the block: n8 = n for block types */
+        f(w + i / bs * bb, buf, len);
+        qw_fdot_step(&acc, buf, x + i, len);
+    }
+    f(w + n8 / bs * bb, buf, n - n8); /* float types only: the < 8 last values */
+    return qw_fdot_finish(&acc, buf, x + n8, n - n8);
 }
 
 /* ---------------------------------------------------------------- Q8_0 quantizer */

@@ -17,6 +17,7 @@ cdef extern from "cpu.h":
     int qw_get_threads() nogil
     void qw_set_threads(int n) nogil
     int qw_parallel_width() nogil
+    void qw_fail_allocs(int n) nogil
 
 cdef extern from "quant.h":
     int qw_dtype_supported(int dtype) nogil
@@ -24,8 +25,8 @@ cdef extern from "quant.h":
     int qw_block_size(int dtype) nogil
 
 cdef extern from "matmul.h":
-    void qw_matmul(const void *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M, float *Y,
-                   const float *bias, int act) nogil
+    int qw_matmul(const void *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M, float *Y,
+                  const float *bias, int act) nogil
     ctypedef struct qw_product:
         const void *W
         int dtype
@@ -33,7 +34,7 @@ cdef extern from "matmul.h":
         float *Y
         const float *bias
     int QW_GROUP_MAX
-    void qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) nogil
+    int qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) nogil
 
 cdef extern from "ops.h":
     void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) nogil
@@ -83,6 +84,9 @@ def set_threads(int n):
 def parallel_width():
     """Threads the kernels' parallel regions get when run from the calling thread."""
     return qw_parallel_width()
+def _fail_allocations(int n):
+    """Make the kernels' next n scratch allocations fail (tests of the out-of-memory paths)."""
+    qw_fail_allocs(n)
 
 
 # ---------------------------------------------------------------- linear algebra
@@ -114,29 +118,33 @@ def matmul(const uint8_t[::1] W, int dtype, int64_t N, int64_t K, const float[:,
     """Y[M, N] = X[M, K] @ W.T (+ bias), W being N stored rows of K elements of type dtype.
 
     act: a code of ACTIVATIONS: float activations, or 16-bit or 8-bit act rows and integer dots
-    in decode-sized products over block-quantized weights (see matmul.h)."""
+    over block-quantized weights (see matmul.h). Each row of Y depends on its own row of X only
+    (batch invariance), whatever M and the thread count."""
     cdef int64_t M = X.shape[0]
     _check_act(act)
     if X.shape[1] != K:
         raise ValueError(f"shape mismatch: X {X.shape[0]}x{X.shape[1]}, W {N}x{K}")
     _check_product(W, dtype, N, K, M, Y, bias)
     cdef const float *b = &bias[0] if bias is not None else NULL
+    cdef int rc
     if M == 0:
         return
     with nogil:
-        qw_matmul(&W[0], dtype, N, K, &X[0, 0], M, &Y[0, 0], b, act)
+        rc = qw_matmul(&W[0], dtype, N, K, &X[0, 0], M, &Y[0, 0], b, act)
+    if rc != 0:
+        raise MemoryError("matmul: out of memory for its scratch buffers")
 
 
 def matmul_group(products, const float[:, ::1] X, int act=0):
     """For each (W, dtype, N, Y, bias) in products: Y[M, N] = X @ W.T (+ bias), every W with
-    X's row length. Decode-sized products run as one parallel pass over all the matrices' rows
-    (a layer's q, k, v; gate, up), each row exactly as matmul computes it."""
+    X's row length, as one parallel pass over all the matrices' rows (a layer's q, k, v; gate,
+    up), each output exactly as matmul computes it."""
     cdef int64_t M = X.shape[0], K = X.shape[1]
     cdef qw_product p[4]  # QW_GROUP_MAX
     cdef const uint8_t[::1] w
     cdef float[:, ::1] y
     cdef const float[::1] b
-    cdef int i, count = len(products)
+    cdef int i, rc, count = len(products)
     _check_act(act)
     if count < 1 or count > min(QW_GROUP_MAX, 4):
         raise ValueError(f"a group holds 1 to {QW_GROUP_MAX} products, got {count}")
@@ -152,7 +160,9 @@ def matmul_group(products, const float[:, ::1] X, int act=0):
     if M == 0:
         return
     with nogil:
-        qw_matmul_group(p, count, K, &X[0, 0], M, act)
+        rc = qw_matmul_group(p, count, K, &X[0, 0], M, act)
+    if rc != 0:
+        raise MemoryError("matmul_group: out of memory for its scratch buffers")
 
 
 def embed(const uint8_t[::1] E, int dtype, int64_t V, int64_t D, const int32_t[::1] ids, float[:, ::1] out):

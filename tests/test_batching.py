@@ -1,4 +1,4 @@
-"""Batching never changes results: a sequence's logits are bit-identical whether it runs alone or
+"""Batching never changes results, end to end: a sequence's logits are bit-identical whether it runs alone or
 in a step beside 1, 4 or 15 others, with its prompt read in one step or in chunks, in mixed
 prefill + decode steps, in every activation mode and on every weight type; and on the real demo
 model the engine's greedy tokens equal each prompt run alone."""

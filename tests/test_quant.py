@@ -727,20 +727,6 @@ def test_matmul_decode_path_int(name, M, bits, simd):
         np.testing.assert_array_equal(y[m], want)
 
 
-@pytest.mark.parametrize("name", ["Q5_0", "Q4_K"])
-def test_matmul_prefill_path_stays_float(name):
-    """M > 4 takes the widened-tile path: float activations, even when int8 is asked for."""
-    from qwenc import _ops
-    N, K, M = 37, 512, 5
-    data = synthetic(name, N, K, seed=1)
-    w = ref_dequantize(data, GT[name]).reshape(N, K)
-    x = act_inputs(K, np.random.default_rng(1))[np.arange(M) % 3]
-    y = np.empty((M, N), np.float32)
-    _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y, None, INT8)
-    for m in range(M):
-        assert_dot_close(y[m], w, x[m])
-
-
 def test_matmul_activation_modes_bit_for_bit():
     """act=f32 (the default) is the float fused dot, act=int8 the integer dot, bit for bit; both
     per call, so two models in one process can differ. An unknown code is refused."""
