@@ -84,6 +84,8 @@ def set_threads(int n):
 def parallel_width():
     """Threads the kernels' parallel regions get when run from the calling thread."""
     return qw_parallel_width()
+
+
 def _fail_allocations(int n):
     """Make the kernels' next n scratch allocations fail (tests of the out-of-memory paths)."""
     qw_fail_allocs(n)
