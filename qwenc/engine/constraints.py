@@ -185,13 +185,16 @@ def _schema_of(obj, where: str) -> dict:
 def normalize_spec(spec):
     """(kind, text, strict, label) of a constraint spec, or None for "no constraint".
 
+    A schema's text keeps its key order: the grammar writes an object's properties in the
+    order the schema lists them.
+
     kind is "json", "regex" or "grammar"; text the schema (canonical JSON), the regex or the
     grammar; label names it in error messages.
     """
     if spec is None:
         return None
     if _is_pydantic_class(spec):
-        return "json", json.dumps(spec.model_json_schema(), sort_keys=True), True, f"schema of {spec.__name__}"
+        return "json", json.dumps(spec.model_json_schema()), True, f"schema of {spec.__name__}"
     if not isinstance(spec, dict):
         raise InvalidRequest("a constraint is a dict ({'type': 'json_object' | 'json_schema' | 'regex' | "
                              f"'grammar', ...}}), a JSON schema or a pydantic model class; got {type(spec).__name__}")
@@ -209,7 +212,7 @@ def normalize_spec(spec):
         name = body.get("name") or "schema"
         strict = body.get("strict")
         schema = _schema_of(body["schema"], f"json_schema {name!r}")
-        return "json", json.dumps(schema, sort_keys=True), strict is not False, f"json_schema {name!r}"
+        return "json", json.dumps(schema), strict is not False, f"json_schema {name!r}"
     if kind == "regex":
         regex = spec.get("regex")
         if not isinstance(regex, str):
@@ -226,7 +229,34 @@ def normalize_spec(spec):
             raise InvalidRequest(f"a {kind} constraint needs {kind!r}: a string")
         return kind, text, True, kind
     # Anything else is a JSON schema itself ({"type": "object", ...}, {"$ref": ...}, {"enum": ...}).
-    return "json", json.dumps(spec, sort_keys=True), True, "json schema"
+    return "json", json.dumps(spec), True, "json schema"
+
+
+# Date and time formats as patterns, tighter than the engine's own: its date allows 2021-02-31,
+# its date-time a leap second (:60) and a lowercase "t"/"z", all of which Python's
+# datetime, pydantic and jsonschema's format checker refuse. Years 0001-9999, real calendar
+# days (Feb 29 in leap years only), seconds 00-59, at most microseconds, an explicit offset.
+_YEAR = r"(\d{3}[1-9]|\d{2}[1-9]\d|\d[1-9]\d{2}|[1-9]\d{3})"
+_LEAP = r"(\d\d(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+_DATE = (rf"({_YEAR}-(0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|{_YEAR}-(0[469]|11)-(0[1-9]|[12]\d|30)"
+         rf"|{_YEAR}-02-(0[1-9]|1\d|2[0-8])|{_LEAP}-02-29)")
+_TIME = r"([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
+_FORMAT_PATTERNS = {"date": f"^{_DATE}$", "time": f"^{_TIME}$", "date-time": f"^{_DATE}T{_TIME}$"}
+_VALUE_KEYS = ("enum", "const", "default", "examples")  # JSON values, not schemas
+
+
+def _tighten_formats(node):
+    """The schema with date/time formats replaced by the patterns above (a copy)."""
+    if isinstance(node, list):
+        return [_tighten_formats(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: (v if k in _VALUE_KEYS else _tighten_formats(v)) for k, v in node.items()}
+    fmt = out.get("format")
+    if isinstance(fmt, str) and fmt in _FORMAT_PATTERNS and "pattern" not in out:
+        del out["format"]
+        out["pattern"] = _FORMAT_PATTERNS[fmt]
+    return out
 
 
 def _engine_grammar(kind: str, text: str, strict: bool, label: str) -> str:
@@ -235,7 +265,8 @@ def _engine_grammar(kind: str, text: str, strict: bool, label: str) -> str:
             options = {"whitespace_pattern": JSON_WHITESPACE}
             if not strict:
                 options["lenient"] = True  # unsupported keywords are ignored, not errors
-            return _llg.LLMatcher.grammar_from_json_schema(text, overrides=options)
+            return _llg.LLMatcher.grammar_from_json_schema(json.dumps(_tighten_formats(json.loads(text))),
+                                                           overrides=options)
         if kind == "regex":
             return _llg.LLMatcher.grammar_from_regex(text)
         if kind == "grammar":
@@ -476,7 +507,7 @@ def constrained_matcher(info: TokenizerInfo, spec, prompt_text: str = None):
 def _call_schema(fn):
     params = fn.get("parameters")
     if params is None or params == {}:
-        params = {"type": "object", "properties": {}}
+        params = {"type": "object", "properties": {}, "additionalProperties": False}
     return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
             "required": ["name", "arguments"], "additionalProperties": False}
 

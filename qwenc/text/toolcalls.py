@@ -13,7 +13,8 @@ closes its object) stays in the reply as text, markup and all: a malformed call 
 text, never an exception. The end of a block's object is found by scanning the JSON (strings and
 nesting), so `</tool_call>` written inside an argument does not end the block.
 
-Whitespace next to a call (the newlines around blocks) belongs to neither the content nor the call.
+Whitespace between a call and the start or the end of the reply (the newline before a first block,
+after a last one) belongs to neither the content nor the call; between two pieces of text it stays.
 `arguments` is the JSON text of the arguments object, re-serialized (json.dumps, ensure_ascii=False).
 
 `ToolCallStream` reads a reply arriving in pieces and returns OpenAI-style deltas: `{"content": s}`
@@ -168,7 +169,7 @@ class ToolCallStream:
         self.content_parts = []
         self._buf = ""           # outside text not yet released
         self._ws = ""            # whitespace held at the end of the content
-        self._after_call = False  # right after a call: leading whitespace is dropped
+        self._ws_by_call = False  # a call came during that whitespace: it is dropped at the end
         self._block = None
         self._finished = False
 
@@ -196,17 +197,22 @@ class ToolCallStream:
     # -- internals ---------------------------------------------------------------------------
 
     def _content(self, out, text):
-        """Release outside text, holding trailing whitespace (it may precede a call)."""
-        if self._after_call:
-            text = text.lstrip(_WS)
-            if not text:
-                return
-            self._after_call = False
-        body = text.rstrip(_WS)
-        if body:
-            self._release(out, self._ws + body)
-            self._ws = ""
-        self._ws += text[len(body):]
+        """Release outside text, holding trailing whitespace: it may turn out to be next to a call."""
+        body = text.strip(_WS)
+        if not body:
+            self._ws += text
+            return
+        lead = text[:len(text) - len(text.lstrip(_WS))]
+        self._release_ws(out, self._ws + lead)
+        self._release(out, body)
+        self._ws = text[len(lead) + len(body):]
+
+    def _release_ws(self, out, ws):
+        """Whitespace between two pieces of content is kept; before the first one, when a call
+        came first, it is the call's."""
+        if not (self._ws_by_call and not self.content_parts):
+            self._release(out, ws)
+        self._ws_by_call = False
 
     def _release(self, out, text):
         if text:
@@ -238,7 +244,7 @@ class ToolCallStream:
             self._content(out, buf[:len(buf) - hold])
             self._buf = buf[len(buf) - hold:]
             if final:
-                if not self._after_call:
+                if not self._ws_by_call:
                     self._release(out, self._ws)
                 self._ws = ""
             return
@@ -249,12 +255,12 @@ class ToolCallStream:
             call = _as_call(block.text[block.obj_start:block.obj_end], self.known_names)
         if call is None:  # text, markup and all
             raw = CALL_START + (block.text[:block.end + len(CALL_END)] if block.closed else block.text)
-            self._after_call = False
-            self._release(out, self._ws + raw)
+            self._release_ws(out, self._ws)
+            self._release(out, raw)
             self._ws = ""
             return
         name, arguments = call
-        self._ws, self._after_call = "", True
+        self._ws_by_call = True
         index, call_id = len(self.calls), self.id_factory()
         self.calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
         out.append({"tool_calls": [{"index": index, "id": call_id, "type": "function",
