@@ -266,7 +266,9 @@ def test_pack_and_unpack_bits_round_trip():
     assert all(((int(words[t // 32]) >> (t % 32)) & 1) == allowed[t] for t in range(1003))
 
 
-def test_fill_masks_batch_equals_one_by_one(info, tok):
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_fill_masks_batch_equals_one_by_one(info, tok, threads, monkeypatch):
+    monkeypatch.setenv("QWENC_MASK_THREADS", threads)  # in turn, and on llguidance's thread pool
     specs = [Person, {"type": "json_object"}, {"type": "regex", "regex": r"\d+(\.\d+)?"},
              {"type": "grammar", "grammar": 'root ::= ("ab" | "cd")+'}]
     prefixes = ['{"name": "Al', '{"a": [1, {"b": "', "12.", "abcd"]

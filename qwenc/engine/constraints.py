@@ -551,13 +551,25 @@ _EXECUTOR = None
 _EXECUTOR_LOCK = threading.Lock()
 
 
-def _executor():
+def _mask_threads(rows: int) -> int:
+    """Threads for one fill_masks call. $QWENC_MASK_THREADS sets it; by default rows are filled
+    one after another in the calling thread unless the machine has many cores and the batch is
+    large: on 2 busy cores, handing 8-16 rows of ~0.05 ms each to a thread pool measured 4-10x
+    slower than filling them in turn (bench/bench_constraints.py). Either way the GIL is
+    released while a mask is computed."""
+    env = os.environ.get("QWENC_MASK_THREADS")
+    if env:
+        return max(1, int(env))
+    cpus = os.cpu_count() or 1
+    return min(cpus // 2, 16) if cpus >= 8 and rows >= 8 else 1
+
+
+def _executor(threads: int):
     global _EXECUTOR
     with _EXECUTOR_LOCK:
-        if _EXECUTOR is None:
-            threads = os.environ.get("QWENC_MASK_THREADS")
-            _EXECUTOR = _llg.LLExecutor(num_threads=int(threads) if threads else None)
-        return _EXECUTOR
+        if _EXECUTOR is None or _EXECUTOR[0] != threads:
+            _EXECUTOR = (threads, _llg.LLExecutor(num_threads=threads))
+        return _EXECUTOR[1]
 
 
 def new_bitmask(rows: int, info: TokenizerInfo) -> np.ndarray:
@@ -566,8 +578,9 @@ def new_bitmask(rows: int, info: TokenizerInfo) -> np.ndarray:
 
 
 def fill_masks(matchers, bitmask: np.ndarray) -> None:
-    """Fill bitmask row i for matchers[i], all rows at once: llguidance computes them in
-    parallel on its own threads with the GIL released. A None entry gets every real token."""
+    """Fill bitmask row i for matchers[i] (the engine calls this once per step for all its
+    constrained rows). The masks are computed with the GIL released, on llguidance's own
+    threads in parallel where that pays (see _mask_threads). A None entry gets every real token."""
     if bitmask.ndim != 2 or bitmask.dtype != np.int32 or not bitmask.flags["C_CONTIGUOUS"]:
         raise ValueError("bitmask must be a C-contiguous 2-D int32 array")
     if len(matchers) > bitmask.shape[0]:
@@ -586,8 +599,15 @@ def fill_masks(matchers, bitmask: np.ndarray) -> None:
         work.append((inner._ll, i))
         if m is not inner:
             post.append((m, i))
+    threads = _mask_threads(len(work)) if work else 1
+    if threads > 1:
+        _executor(threads).unsafe_compute_mask_ptr(work, bitmask.ctypes.data, bitmask.shape[1] * 4,
+                                                   bitmask.shape[0])
+    else:
+        row_bytes = bitmask.shape[1] * 4
+        for ll, i in work:
+            ll.unsafe_compute_mask_ptr(bitmask.ctypes.data + i * row_bytes, row_bytes)
     if work:
-        _executor().unsafe_compute_mask_ptr(work, bitmask.ctypes.data, bitmask.shape[1] * 4, bitmask.shape[0])
         for ll, i in work:
             if ll.is_error():
                 raise ConstraintViolation(_short(ll.get_error(), 200))
