@@ -159,6 +159,15 @@ class Person(BaseModel):
     previous: List[Address] = Field(default_factory=list, max_length=2)
 
 
+def test_pydantic_objects_are_closed():
+    class Loose(BaseModel):
+        a: int
+        inner: Address
+    schema = C.pydantic_schema(Loose)
+    assert schema["additionalProperties"] is False
+    assert Loose.model_json_schema().get("additionalProperties") is None
+
+
 def test_spec_forms_compile_and_are_cached(info):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     forms = [
@@ -616,6 +625,11 @@ def test_chat_tool_choice_forces_valid_calls(model):
                 else:
                     assert choice == "required" and c["function"]["name"] == "now"
                     assert json.loads(c["function"]["arguments"]) == {}
+    # parallel_tool_calls=False: exactly one call
+    for seed in range(3):
+        msg = model.chat(messages, tools=[WEATHER, CLOCK], tool_choice="required", parallel_tool_calls=False,
+                         max_tokens=300, temperature=1.0, seed=seed)["choices"][0]["message"]
+        assert len(msg["tool_calls"]) == 1
     # streamed: the same calls as deltas, never the markup as content
     kw = dict(tools=[WEATHER], tool_choice="required", max_tokens=300, temperature=1.0, seed=9)
     whole = model.chat(messages, **kw)["choices"][0]["message"]

@@ -50,6 +50,7 @@ JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,24}"
 # Limits for compiling and for each step: llguidance's defaults, with its error messages kept
 # short (no parser state dump in an error a client sees).
 _CACHE_SIZE = 128
+_VALUE_KEYS = ("enum", "const", "default", "examples")  # JSON values inside a schema, not schemas
 
 
 def _require_engine():
@@ -166,9 +167,24 @@ def _is_pydantic_class(obj) -> bool:
     return isinstance(obj, type) and callable(getattr(obj, "model_json_schema", None))
 
 
+def pydantic_schema(cls) -> dict:
+    """A pydantic model's JSON schema, its objects closed (additionalProperties: false) where the
+    model does not say otherwise: extra keys would be dropped by the model's validation anyway,
+    and left open a model keeps inventing them (OpenAI's client closes them the same way)."""
+    def close(node):
+        if isinstance(node, dict):
+            node = {k: (v if k in _VALUE_KEYS else close(v)) for k, v in node.items()}
+            if node.get("type") == "object" and "properties" in node and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+        elif isinstance(node, list):
+            node = [close(v) for v in node]
+        return node
+    return close(cls.model_json_schema())
+
+
 def _schema_of(obj, where: str) -> dict:
     if _is_pydantic_class(obj):
-        return obj.model_json_schema()
+        return pydantic_schema(obj)
     if isinstance(obj, str):
         try:
             obj = json.loads(obj)
@@ -194,7 +210,7 @@ def normalize_spec(spec):
     if spec is None:
         return None
     if _is_pydantic_class(spec):
-        return "json", json.dumps(spec.model_json_schema()), True, f"schema of {spec.__name__}"
+        return "json", json.dumps(pydantic_schema(spec)), True, f"schema of {spec.__name__}"
     if not isinstance(spec, dict):
         raise InvalidRequest("a constraint is a dict ({'type': 'json_object' | 'json_schema' | 'regex' | "
                              f"'grammar', ...}}), a JSON schema or a pydantic model class; got {type(spec).__name__}")
@@ -242,7 +258,6 @@ _DATE = (rf"({_YEAR}-(0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|{_YEAR}-(0[469]|11)-
          rf"|{_YEAR}-02-(0[1-9]|1\d|2[0-8])|{_LEAP}-02-29)")
 _TIME = r"([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
 _FORMAT_PATTERNS = {"date": f"^{_DATE}$", "time": f"^{_TIME}$", "date-time": f"^{_DATE}T{_TIME}$"}
-_VALUE_KEYS = ("enum", "const", "default", "examples")  # JSON values, not schemas
 
 
 def _tighten_formats(node):
