@@ -65,3 +65,8 @@ class QueueFull(QwencError, RuntimeError):
 
 class EngineStopped(QwencError, RuntimeError):
     """The engine was shut down (or failed) before the request finished."""
+
+
+class ConstraintViolation(QwencError, RuntimeError):
+    """A token was fed to a grammar matcher that does not allow it (a sampler bypassed the
+    mask), or a matcher ran past the grammar engine's limits for one step."""

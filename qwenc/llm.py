@@ -128,22 +128,44 @@ class Model:
                                sequence=sequence, cancel=cancel, temperature=temperature, top_k=top_k, top_p=top_p,
                                min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
 
-    def generate(self, prompt: str, max_tokens=256, stop=None, **sampling) -> str:
-        """Complete `prompt` (raw text, no chat template) and return the new text."""
-        return Generation(self, self.tokenizer_or_raise().encode(prompt), max_tokens, stop, **sampling).run()
+    def generate(self, prompt: str, max_tokens=256, stop=None, regex=None, json_schema=None, grammar=None,
+                 **sampling) -> str:
+        """Complete `prompt` (raw text, no chat template) and return the new text.
 
-    def stream(self, prompt: str, max_tokens=256, stop=None, **sampling):
+        At most one constraint: `regex` (the whole output matches it), `json_schema` (a JSON
+        schema dict or a pydantic model class: the output is JSON valid against it), `grammar`
+        (a Lark or GBNF grammar). A constrained output that ends by itself always matches; one
+        cut by max_tokens or a stop string is a prefix of a match."""
+        return self._generation(prompt, max_tokens, stop, regex, json_schema, grammar, sampling).run()
+
+    def stream(self, prompt: str, max_tokens=256, stop=None, regex=None, json_schema=None, grammar=None,
+               **sampling):
         """Like generate, yielding text pieces as they become final."""
-        return iter(Generation(self, self.tokenizer_or_raise().encode(prompt), max_tokens, stop, **sampling))
+        return iter(self._generation(prompt, max_tokens, stop, regex, json_schema, grammar, sampling))
 
-    def chat(self, messages, stream=False, max_tokens=256, stop=None, tools=None, **kwargs):
+    def _generation(self, prompt, max_tokens, stop, regex, json_schema, grammar, sampling):
+        from .engine.constraints import constraint_spec
+        constraint = constraint_spec(regex=regex, json_schema=json_schema, grammar=grammar)
+        return Generation(self, self.tokenizer_or_raise().encode(prompt), max_tokens, stop,
+                          constraint=constraint, **sampling)
+
+    def chat(self, messages, stream=False, max_tokens=256, stop=None, tools=None, tool_choice=None,
+             response_format=None, parallel_tool_calls=True, **kwargs):
         """An OpenAI-shaped chat completion (a dict, or chunk dicts when stream=True).
 
+        tools / tool_choice ("auto", "none", "required" or {"type": "function", "function":
+        {"name": ...}}) as in OpenAI's API: the model's calls come back as message.tool_calls.
+        response_format: {"type": "json_object"}, {"type": "json_schema", "json_schema": {...}},
+        or a pydantic model class. Qwen3's thinking comes back as message.reasoning_content.
         Keyword arguments that are not sampling settings (e.g. enable_thinking=False for Qwen3)
         are passed to the chat template."""
         sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in SAMPLING_FIELDS}
+        if isinstance(response_format, type):
+            response_format = {"type": "json_schema", "json_schema": {"name": response_format.__name__,
+                                                                      "schema": response_format}}
         return chat_completion(self, messages, stream=stream, tools=tools, template_kwargs=kwargs,
-                               max_tokens=max_tokens, stop=stop, **sampling)
+                               tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                               response_format=response_format, max_tokens=max_tokens, stop=stop, **sampling)
 
     def tokenizer_or_raise(self):
         if self.tokenizer is None:

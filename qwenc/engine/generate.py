@@ -20,8 +20,12 @@ def _require_tokenizer(model):
     return model.tokenizer
 
 
-def generate_tokens(model, ids, max_tokens=256, stop_token_ids=None, sequence=None, cancel=None, **sampling):
-    """Yield generated token ids one by one (see Model.generate_tokens)."""
+def generate_tokens(model, ids, max_tokens=256, stop_token_ids=None, sequence=None, cancel=None, matcher=None,
+                    **sampling):
+    """Yield generated token ids one by one (see Model.generate_tokens).
+
+    matcher: a constraints.Matcher (or ThinkingGate): its grammar masks every draw, and the
+    generation stops as soon as the grammar can take nothing but EOS."""
     params = model.sampling_params(**sampling)
     ids = [int(t) for t in ids]
     if not ids:
@@ -38,13 +42,17 @@ def generate_tokens(model, ids, max_tokens=256, stop_token_ids=None, sequence=No
         logits = model.forward(seq, ids[keep:], cancel=cancel)
     except Cancelled:
         return "cancelled"
-    sampler = Sampler(params, model.n_vocab, history=ids)
+    sampler = Sampler(params, model.n_vocab, history=ids, matcher=matcher)
     for i in range(max_tokens):
         token = sampler.sample(logits)
         if token in stops:
             return "stop"
+        if matcher is not None:
+            matcher.accept(token)
         yield token
         sampler.observe(token)
+        if matcher is not None and matcher.is_terminated():
+            return "stop"
         if i + 1 == max_tokens or len(seq) + 1 > seq.capacity:
             break
         if cancel is not None and cancel.is_set():
@@ -63,7 +71,12 @@ class Generation:
     """
 
     def __init__(self, model, prompt_ids, max_tokens=256, stop=None, sequence=None, skip_special_tokens=True,
-                 stop_token_ids=None, **sampling):
+                 stop_token_ids=None, constraint=None, thinking=None, **sampling):
+        """constraint: what the output must match (see constraints.compile_constraint: a
+        response_format dict, a JSON schema, a pydantic class, or a compiled Grammar); compiled
+        here, so a bad one raises InvalidRequest before any token. thinking: None, or the phase
+        a chat reply starts in (constraints.thinking_phase): the grammar then applies after
+        the model's <think>...</think> part."""
         self.model = model
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = int(max_tokens)
@@ -74,6 +87,8 @@ class Generation:
         self.stop_token_ids = stop_token_ids
         self.sampling = sampling
         model.sampling_params(**sampling)  # validate now, not at the first token
+        self.grammar = _compile(model, constraint)
+        self.thinking = thinking
         self.token_ids = []
         self.cached_tokens = 0  # prompt tokens whose KV the sequence already held
         self.finish_reason = None
@@ -100,7 +115,8 @@ class Generation:
             self.finish_reason = "length"
             return
         gen = generate_tokens(self.model, self.prompt_ids, max_tokens=self.max_tokens, sequence=self.sequence,
-                              stop_token_ids=self.stop_token_ids, cancel=self._cancel, **self.sampling)
+                              stop_token_ids=self.stop_token_ids, cancel=self._cancel, matcher=self._matcher(),
+                              **self.sampling)
         if self.sequence is not None:
             self.cached_tokens = min(self.sequence.common_prefix(self.prompt_ids), len(self.prompt_ids) - 1)
         start = time.perf_counter()
@@ -138,6 +154,25 @@ class Generation:
             pass
         return self.text
 
+    def _matcher(self):
+        if self.grammar is None:
+            return None
+        from .constraints import ThinkingGate
+        matcher = self.grammar.matcher()
+        if self.thinking not in (None, "answer") and matcher.info.token_id("</think>") is not None:
+            return ThinkingGate(matcher, self.thinking)
+        return matcher
+
+
+def _compile(model, constraint):
+    """A compiled Grammar (or None) for a Generation's constraint."""
+    if constraint is None:
+        return None
+    from .constraints import Grammar, compile_constraint, tokenizer_info
+    if isinstance(constraint, Grammar):
+        return constraint
+    return compile_constraint(tokenizer_info(model), constraint)
+
 
 # ---------------------------------------------------------------- OpenAI-shaped chat
 
@@ -154,31 +189,41 @@ def render_chat(model, messages, add_generation_prompt=True, tools=None, **templ
     return _require_tokenizer(model).apply_chat_template(messages, add_generation_prompt, tools, **template_kwargs)
 
 
-def chat_completion(model, messages, stream=False, tools=None, template_kwargs=None, **options):
+def chat_completion(model, messages, stream=False, tools=None, template_kwargs=None, tool_choice=None,
+                    parallel_tool_calls=True, response_format=None, **options):
     """An OpenAI chat.completion dict, or (stream=True) an iterator of chat.completion.chunk dicts
-    whose last one carries finish_reason and usage."""
-    tok = _require_tokenizer(model)
-    prompt = render_chat(model, messages, tools=tools, **(template_kwargs or {}))
-    gen = Generation(model, tok.encode(prompt), **options)
+    whose last one carries finish_reason and usage. The structured parts (tools, tool_choice,
+    response_format, Qwen3's reasoning) are those of chat_request.ChatRequest."""
+    from .chat_request import ChatRequest
+    request = ChatRequest(model, messages, tools, tool_choice, parallel_tool_calls, response_format,
+                          template_kwargs)
+    gen = Generation(model, model.tokenizer.encode(request.prompt), constraint=request.constraint,
+                     thinking=request.thinking, **options)
     meta = {"id": _completion_id(), "created": int(time.time()), "model": model.name}
     if stream:
-        return _chat_chunks(gen, meta)
-    text = gen.run()
+        return _chat_chunks(gen, meta, request)
+    parser = request.parser()
+    parser.push(gen.run())
+    parser.finish()
     return {**meta, "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": gen.finish_reason, "logprobs": None}],
+            "choices": [{"index": 0, "message": parser.message(),
+                         "finish_reason": request.finish_reason(gen.finish_reason, parser), "logprobs": None}],
             "usage": _usage(gen)}
 
 
-def _chat_chunks(gen: Generation, meta):
+def _chat_chunks(gen: Generation, meta, request):
     def chunk(delta, finish_reason=None, **extra):
         return {**meta, "object": "chat.completion.chunk",
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
                 **extra}
+    parser = request.parser()
     yield chunk({"role": "assistant", "content": ""})
     for piece in gen:
-        yield chunk({"content": piece})
-    yield chunk({}, gen.finish_reason, usage=_usage(gen))
+        for delta in parser.push(piece):
+            yield chunk(delta)
+    for delta in parser.finish():
+        yield chunk(delta)
+    yield chunk({}, request.finish_reason(gen.finish_reason, parser), usage=_usage(gen))
 
 
 # ---------------------------------------------------------------- multi-turn sessions

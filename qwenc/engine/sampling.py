@@ -75,10 +75,17 @@ class Sampler:
     """Draws tokens for one sequence. Scratch buffers are allocated once, not per token.
 
     `history` are the tokens before generation (the prompt): they count for the repetition
-    penalty only. Tokens passed to observe() after that are the output."""
+    penalty only. Tokens passed to observe() after that are the output.
 
-    def __init__(self, params: SamplingParams, n_vocab: int, history=(), rng=None):
+    With a `matcher` (qwenc.engine.constraints), the tokens its grammar does not allow are
+    masked out before the draw; the caller feeds each kept token back with `matcher.accept`.
+    (A batching engine masks many rows at once with constraints.fill_masks instead.)
+    """
+
+    def __init__(self, params: SamplingParams, n_vocab: int, history=(), rng=None, matcher=None):
         self.params = params
+        self.matcher = matcher
+        self._mask_row = None if matcher is None else np.zeros(matcher.info.n_words, dtype=np.int32)
         self.n_vocab = n_vocab  # real tokens only: padded embedding rows are never drawn
         self.rng = rng if rng is not None else np.random.Generator(np.random.PCG64(params.seed))
         self._idx = np.empty(n_vocab, dtype=np.int32)
@@ -121,6 +128,8 @@ class Sampler:
     def sample(self, logits: np.ndarray) -> int:
         """Next token from a float32 logits row (modified in place)."""
         p = self.params
+        if self.matcher is not None:
+            self.matcher.apply(logits, self._mask_row)  # the whole row: padded entries too
         row = logits[:self.n_vocab]
         self._penalize(row)
         if p.temperature == 0:
