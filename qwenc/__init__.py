@@ -12,7 +12,7 @@ Layers, each importing only the ones below it:
 from .engine.generate import ChatSession, Generation
 from .engine.sampling import SamplingParams
 from .errors import (ChatTemplateError, ConfigError, ContextLengthExceeded, GGUFError, InvalidRequest,
-                     ModelFormatError, ModelNotFound, QwencError, WeightError)
+                     ModelFormatError, ModelNotFound, QueueFull, QwencError, WeightError)
 from .formats.config import ModelConfig
 from .llm import Model
 from .loader import load
@@ -21,4 +21,4 @@ from .model import Sequence
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "ModelConfig", "Sequence", "SamplingParams", "Generation", "ChatSession",
            "QwencError", "ModelFormatError", "ConfigError", "WeightError", "GGUFError", "ChatTemplateError",
-           "ModelNotFound", "InvalidRequest", "ContextLengthExceeded"]
+           "ModelNotFound", "InvalidRequest", "ContextLengthExceeded", "QueueFull"]

@@ -315,7 +315,13 @@ def test_api_key(model):
 def test_full_queue_is_503_with_retry_after(model):
     srv = LiveServer(model, max_batch=1, kv_memory="16MiB", max_queue=2)
     try:
-        held = [srv.engine.submit("hello", max_tokens=300, ignore_eos=True) for _ in range(3)]
+        held = [srv.engine.submit("hello", max_tokens=300, ignore_eos=True)]
+        deadline = time.monotonic() + 30
+        while srv.engine.snapshot()["running"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(qwenc.QueueFull):  # one running, then fill the queue behind it
+            for _ in range(10):
+                held.append(srv.engine.submit("hello", max_tokens=300, ignore_eos=True))
         r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": MSG, "max_tokens": 2})
         err = _err(r, 503)
         assert r.headers["retry-after"] == "1" and err["code"] == "overloaded"

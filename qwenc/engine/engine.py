@@ -271,6 +271,8 @@ class _Request:
         self.last_token_at = None
         self.sent_prompt_logprobs = False
         self.prompt_lp = [TokenLogprob(self.tokens[0], None, [])] if prompt_logprobs else None
+        self.matcher = None                  # the grammar's state, for a constrained request
+        self.raw_logits = None               # this step's logits before masks, when logprobs are asked
 
     @property
     def num_generated(self) -> int:
@@ -346,7 +348,7 @@ class Engine:
     def submit(self, prompt, max_tokens: int = None, stop=None, stop_token_ids=None, ignore_eos=False,
                logprobs: bool = False, top_logprobs: int = 0, prompt_logprobs: bool = False,
                skip_special_tokens: bool = True, tools=None, chat_template_kwargs=None,
-               request_id: str = None, **sampling) -> RequestStream:
+               constraint=None, thinking: str = None, request_id: str = None, **sampling) -> RequestStream:
         """Queue a request; returns its stream at once.
 
         prompt: text (completed as is), a list of token ids, or a list of chat messages (rendered
@@ -356,6 +358,10 @@ class Engine:
         beside the model's EOS ids (unless ignore_eos). sampling: temperature, top_k, top_p,
         min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, seed; unset
         ones come from the model's generation_config.json.
+        constraint: what the output must match (a spec of qwenc.engine.constraints: json_object,
+        json_schema, regex, grammar, a pydantic class, or a compiled Grammar), compiled here; EOS
+        is allowed exactly when the grammar accepts. thinking: the phase a chat reply starts in
+        (constraints.thinking_phase), so that the grammar applies after Qwen3's <think> part.
         Raises InvalidRequest (bad settings), ContextLengthExceeded (the prompt plus max_tokens
         cannot fit), QueueFull, EngineStopped.
         """
@@ -385,6 +391,7 @@ class Engine:
                 raise InvalidRequest(f"stop_token_ids must be token ids, got {t!r}")
             stops.add(t)
         tok = model.tokenizer_or_raise()
+        matcher = self._matcher(constraint, thinking)
         sampler = Sampler(params, model.n_vocab, history=prompt_ids)
         rid = request_id or "req-" + uuid.uuid4().hex[:20]
         stream = RequestStream(self, rid, prompt_ids)
@@ -392,6 +399,7 @@ class Engine:
                        stops, bool(logprobs), top_logprobs, bool(prompt_logprobs), self.cache, self.context,
                        stream, next(self._arrivals))
         req.submitted_at = time.perf_counter()
+        req.matcher = matcher
         with self._cv:
             if not self._accepting:
                 raise EngineStopped("the engine is shutting down")
@@ -403,6 +411,19 @@ class Engine:
             self.stats.submitted += 1
             self._cv.notify()
         return stream
+
+    def _matcher(self, constraint, thinking):
+        if constraint is None:
+            return None
+        from .constraints import Grammar, ThinkingGate, compile_constraint, tokenizer_info
+        grammar = constraint if isinstance(constraint, Grammar) else \
+            compile_constraint(tokenizer_info(self.model), constraint)
+        if grammar is None:
+            return None
+        matcher = grammar.matcher()
+        if thinking not in (None, "answer") and matcher.info.token_id("</think>") is not None:
+            return ThinkingGate(matcher, thinking)
+        return matcher
 
     def prompt_ids(self, prompt, tools=None, chat_template_kwargs=None) -> list:
         """Token ids of a prompt given as text, ids or chat messages."""
@@ -541,6 +562,7 @@ class Engine:
         now = time.perf_counter()
         self.stats.record_step(len(plan), sum(c.n for c in plan), now - t0)
         row = 0
+        ready = []  # (request, its logits row) to sample now
         for c, it in zip(plan, items):
             req = c.req
             self.scheduler.computed(c)
@@ -556,7 +578,30 @@ class Engine:
             else:
                 last = logits[row]
                 row += 1
+            # logprobs are the model's own distribution: kept before penalties and grammar masks
+            req.raw_logits = last.copy() if req.logprobs else None
+            ready.append((req, last))
+        masked = [(req, last) for req, last in ready if req.matcher is not None]
+        if masked:
+            try:
+                self._mask([m for m, _ in masked], [last for _, last in masked])
+            except Exception as exc:  # a grammar that fails mid-way fails its requests only
+                for req, _ in masked:
+                    self._fail(req, exc)
+                ready = [(req, last) for req, last in ready if req.matcher is None]
+        for req, last in ready:
             self._advance(req, last, now)
+
+    def _mask(self, reqs, rows):
+        """The grammar masks of a step's constrained rows, computed together (the GIL released
+        while each is computed), applied to their logits."""
+        from .constraints import apply_mask, fill_masks, new_bitmask
+        matchers = [r.matcher for r in reqs]
+        bitmask = new_bitmask(len(matchers), matchers[0].info)
+        fill_masks(matchers, bitmask)
+        for i, r in enumerate(rows):
+            r.setflags(write=True)
+            apply_mask(r, bitmask[i])
 
     def _record_prompt_logprobs(self, req, c, rows):
         # row j is the distribution of the token after position c.start + j
@@ -570,7 +615,7 @@ class Engine:
         """Sample the request's next token and stream what it releases."""
         lp = None
         if req.logprobs:
-            raw = logits_row.copy()
+            raw = req.raw_logits
         token = req.sampler.sample(logits_row)
         if req.logprobs:
             value, top = row_logprobs(raw[:self.model.n_vocab], token, req.top_logprobs)
@@ -588,13 +633,18 @@ class Engine:
         if token in req.stop_ids:
             self.stats.generated += 1
             return self._finish(req, "stop", out)
+        if req.matcher is not None:
+            try:
+                req.matcher.accept(token)
+            except Exception as exc:
+                return self._fail(req, exc)
         req.tokens.append(token)
         req.sampler.observe(token)
         self.stats.generated += 1
         out.token_ids = [token]
         out.logprobs = lp
         out.text = req.text.push(token)
-        if req.text.stopped:
+        if req.text.stopped or (req.matcher is not None and req.matcher.is_terminated()):
             return self._finish(req, "stop", out)
         if req.num_generated >= req.max_tokens or len(req.tokens) >= req.capacity:
             return self._finish(req, "length", out)

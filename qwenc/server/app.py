@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..errors import (ChatTemplateError, ContextLengthExceeded, EngineStopped, InvalidRequest, QueueFull,
                       QwencError)
+from ..engine.chat_request import ChatRequest
 from . import protocol as P
 from .metrics import Metrics
 
@@ -382,30 +383,37 @@ def create_app(engine, model_name: str = None, api_key: str = None, max_body_byt
     async def chat(request: Request):
         srv.authorize(request)
         body = await srv.body(request, P.ChatCompletionRequest)
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         try:
             messages = body.template_messages()
+            constraint = body.constraint(body.response_format)
+            chat_req = await run_in_threadpool(ChatRequest, srv.model, messages, tools, body.tool_choice,
+                                               body.parallel_tool_calls, constraint, body.chat_template_kwargs)
+        except QwencError as exc:
+            raise _engine_error(exc) from None
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from None
-        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-        if body.tool_choice == "none":
-            tools = None
         max_tokens = body.max_completion_tokens or body.max_tokens
         kwargs = dict(max_tokens=max_tokens, stop=body.stop, stop_token_ids=body.stop_token_ids,
                       ignore_eos=body.ignore_eos, logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0,
-                      tools=tools, chat_template_kwargs=body.chat_template_kwargs)
-        streams = await srv.submit_all([messages], body.n, body, **kwargs)
+                      constraint=chat_req.constraint, thinking=chat_req.thinking)
+        streams = await srv.submit_all([chat_req.prompt], body.n, body, **kwargs)
         rid, created = P.new_id("chatcmpl"), P.now()
         meta = {"id": rid, "created": created, "model": srv.model_name, "system_fingerprint": srv.fingerprint}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_chat_events(srv, streams, meta, include_usage, body.logprobs),
+            return StreamingResponse(_chat_events(srv, streams, meta, include_usage, body.logprobs, chat_req),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         results = await _collect(request, streams)
         choices = []
         for i, c in enumerate(results):
-            choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
+            parser = chat_req.parser()
+            parser.push(c.text)
+            parser.finish()
+            reason = _finish_reason(chat_req.finish_reason(c.finish_reason, parser))
+            choices.append({"index": i, "message": parser.message(),
                             "logprobs": srv.chat_logprobs(c.logprobs) if body.logprobs else None,
-                            "finish_reason": _finish_reason(c.finish_reason)})
+                            "finish_reason": reason})
         return {**meta, "object": "chat.completion", "choices": choices,
                 "usage": P.usage(results[0].prompt_tokens, sum(c.completion_tokens for c in results),
                                  results[0].cached_tokens)}
@@ -427,9 +435,15 @@ def create_app(engine, model_name: str = None, api_key: str = None, max_body_byt
         if len(prompts) * body.n > P.MAX_N * 4:
             raise APIError(400, f"at most {P.MAX_N * 4} completions per request", param="prompt")
         want_lp = body.logprobs is not None
+        try:
+            constraint = body.constraint(body.response_format)
+        except QwencError as exc:
+            raise _engine_error(exc) from None
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="guided_json") from None
         kwargs = dict(max_tokens=body.max_tokens, stop=body.stop, stop_token_ids=body.stop_token_ids,
                       ignore_eos=body.ignore_eos, logprobs=want_lp, top_logprobs=body.logprobs or 0,
-                      prompt_logprobs=want_lp and body.echo)
+                      prompt_logprobs=want_lp and body.echo, constraint=constraint)
         streams = await srv.submit_all(prompts, body.n, body, **kwargs)
         n = body.n
         rid, created = P.new_id("cmpl"), P.now()
@@ -485,23 +499,30 @@ def _body_schema(model_cls) -> dict:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model_cls.model_json_schema()}}}}
 
 
-async def _chat_events(srv, streams, meta, include_usage, want_logprobs):
+async def _chat_events(srv, streams, meta, include_usage, want_logprobs, chat_req):
     base = {**meta, "object": "chat.completion.chunk"}
 
     def chunk(i, delta, finish=None, logprobs=None):
         return _sse({**base, "choices": [{"index": i, "delta": delta, "logprobs": logprobs,
                                           "finish_reason": finish}]})
     finals = {}
+    parsers = [chat_req.parser() for _ in streams]
     try:
         for i in range(len(streams)):
             yield chunk(i, {"role": "assistant", "content": ""})
         async for i, out in _merge(streams):
             lp = srv.chat_logprobs(out.logprobs) if want_logprobs and out.logprobs else None
-            if out.text or lp:
-                yield chunk(i, {"content": out.text}, None, lp)
+            deltas = parsers[i].push(out.text) if out.text else []
+            if out.finished:
+                deltas += parsers[i].finish()
+            for d in deltas:
+                yield chunk(i, d, None, lp)
+                lp = None
+            if lp:  # tokens whose text is held back still report their logprobs
+                yield chunk(i, {}, None, lp)
             if out.finished:
                 finals[i] = out
-                yield chunk(i, {}, _finish_reason(out.finish_reason))
+                yield chunk(i, {}, _finish_reason(chat_req.finish_reason(out.finish_reason, parsers[i])))
         if include_usage:
             first = finals.get(0)
             yield _sse({**base, "choices": [], "usage": P.usage(

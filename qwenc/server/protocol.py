@@ -45,6 +45,9 @@ class _Sampling(_Body):
     stream_options: Optional[StreamOptions] = None
     ignore_eos: bool = False
     user: Optional[str] = None
+    guided_json: Optional[Union[Dict[str, Any], str]] = None   # vLLM's names for constraints
+    guided_regex: Optional[str] = None
+    guided_grammar: Optional[str] = None
 
     @field_validator("stop")
     @classmethod
@@ -72,6 +75,19 @@ class _Sampling(_Body):
             if not -100 <= b <= 100:
                 raise ValueError("logit_bias values must be in [-100, 100]")
         return v
+
+    def constraint(self, response_format=None):
+        """The constraint spec of response_format / guided_* (at most one of them)."""
+        from ..engine.constraints import constraint_spec
+        guided = self.guided_json
+        if isinstance(guided, str):
+            import json
+            try:
+                guided = json.loads(guided)
+            except ValueError as exc:
+                raise ValueError(f"guided_json is not a JSON schema: {exc}") from None
+        return constraint_spec(regex=self.guided_regex, json_schema=guided, grammar=self.guided_grammar,
+                               response_format=response_format)
 
     def sampling(self) -> dict:
         """Keyword arguments for Engine.submit."""
@@ -144,6 +160,7 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: Optional[Dict[str, Any]] = None
     tools: Optional[List[Tool]] = None
     tool_choice: Optional[Union[str, Dict[str, Any]]] = None
+    parallel_tool_calls: bool = True
     response_format: Optional[Dict[str, Any]] = None
     add_generation_prompt: bool = True
 
@@ -171,6 +188,7 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, List[str], List[int], List[List[int]]]
+    response_format: Optional[Dict[str, Any]] = None
     max_tokens: Optional[int] = Field(16, ge=1)   # OpenAI's default for this endpoint
     echo: bool = False
     logprobs: Optional[int] = Field(None, ge=0, le=20)
