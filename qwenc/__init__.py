@@ -9,6 +9,7 @@ Layers, each importing only the ones below it:
   llm.py, loader.py    Model (what load returns) and load()
   server/, cli.py      the OpenAI-compatible HTTP server and the command line
 """
+from .engine.engine import Completion, Engine, Output, RequestStream
 from .engine.generate import ChatSession, Generation
 from .engine.sampling import SamplingParams
 from .errors import (ChatTemplateError, ConfigError, ContextLengthExceeded, GGUFError, InvalidRequest,
@@ -19,6 +20,6 @@ from .loader import load
 from .model import Sequence
 
 __version__ = "0.1.0"
-__all__ = ["load", "Model", "ModelConfig", "Sequence", "SamplingParams", "Generation", "ChatSession",
+__all__ = ["load", "Model", "Engine", "RequestStream", "Output", "Completion", "ModelConfig", "Sequence", "SamplingParams", "Generation", "ChatSession",
            "QwencError", "ModelFormatError", "ConfigError", "WeightError", "GGUFError", "ChatTemplateError",
            "ModelNotFound", "InvalidRequest", "ContextLengthExceeded", "QueueFull"]
