@@ -429,3 +429,30 @@ def test_cli_gen_ctrl_c_during_a_long_prefill_exits_within_a_second(demo_gguf, t
     err = p.stderr.read().decode()
     assert code == 130 and "interrupted" in err and "Traceback" not in err, err
     assert took < 1.0, f"took {took:.2f} s to stop"
+
+
+# ---------------------------------------------------------------- constraints in the engine
+
+def test_constrained_requests_batched_equal_alone_and_validate(model):
+    import json
+    import jsonschema
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999},
+                                               "w": {"type": "string", "maxLength": 6}},
+              "required": ["n", "w"], "additionalProperties": False}
+    spec = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    prompts = PROMPTS[:6]
+    want = [qwenc.Generation(model, model.tokenizer.encode(p), max_tokens=60, constraint=spec, temperature=1.0,
+                             seed=i).run() for i, p in enumerate(prompts)]
+    with Engine(model, max_batch=6, kv_memory="64MiB", start=False) as engine:
+        streams = [engine.submit(p, max_tokens=60, constraint=spec, temperature=1.0, seed=i)
+                   for i, p in enumerate(prompts)]
+        plain = engine.submit(PROMPTS[7], max_tokens=10, temperature=0)  # an unconstrained row beside
+        engine.start()
+        got = [s.result() for s in streams]
+        assert plain.result().token_ids == alone(model, PROMPTS[7], 10, temperature=0)
+    assert [c.text for c in got] == want
+    for c in got:
+        assert c.finish_reason == "stop"
+        jsonschema.validate(json.loads(c.text), schema)
+    with pytest.raises(InvalidRequest):
+        Engine(model, max_batch=1, kv_memory="8MiB").submit("x", constraint={"type": "regex", "regex": "(("})

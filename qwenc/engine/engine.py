@@ -335,6 +335,7 @@ class Engine:
         self._deadline = None          # shutdown grace: running requests end by then
         self._arrivals = itertools.count()
         self._error = None
+        self._masker = None            # the worker computing grammar masks during a step
         self._thread = threading.Thread(target=self._loop, name="qwenc-engine", daemon=True)
         if start:
             self._thread.start()
@@ -538,6 +539,9 @@ class Engine:
                 req.out._put(EngineStopped(f"the engine failed: {exc!r}"))
             self._requests.clear()
             raise
+        finally:
+            if self._masker is not None:
+                self._masker.shutdown(wait=False)
 
     def _step(self):
         plan = self.scheduler.schedule()
@@ -552,10 +556,17 @@ class Engine:
             want = "all" if c.req.prompt_logprobs and c.start < c.req.num_prompt else \
                 ("last" if c.wants_logits else "none")
             items.append(StepItem(c.req.seq, c.req.tokens[c.start:c.start + c.n], want))
+        # The grammar masks of the rows that sample this step depend only on tokens already
+        # accepted, so they are computed in a worker while the forward pass runs (both release
+        # the GIL): their cost hides behind the step instead of adding to it.
+        constrained = [c.req for c in plan if c.req.matcher is not None and c.start + c.n == len(c.req.tokens)]
+        masks = self._mask_pool().submit(self._fill, constrained) if constrained else None
         t0 = time.perf_counter()
         try:
             logits = self.model.step(items)
         except Exception as exc:  # e.g. out of memory: these requests fail, the engine goes on
+            if masks is not None:
+                masks.exception()
             for c in plan:
                 self._fail(c.req, exc)
             return
@@ -581,27 +592,35 @@ class Engine:
             # logprobs are the model's own distribution: kept before penalties and grammar masks
             req.raw_logits = last.copy() if req.logprobs else None
             ready.append((req, last))
-        masked = [(req, last) for req, last in ready if req.matcher is not None]
-        if masked:
+        if masks is not None:
             try:
-                self._mask([m for m, _ in masked], [last for _, last in masked])
+                bitmask = masks.result()
+                from .constraints import apply_mask
+                for req, last in ready:
+                    if req.matcher is not None:
+                        apply_mask(last, bitmask[constrained.index(req)])
             except Exception as exc:  # a grammar that fails mid-way fails its requests only
-                for req, _ in masked:
+                for req in constrained:
                     self._fail(req, exc)
                 ready = [(req, last) for req, last in ready if req.matcher is None]
         for req, last in ready:
             self._advance(req, last, now)
 
-    def _mask(self, reqs, rows):
-        """The grammar masks of a step's constrained rows, computed together (the GIL released
-        while each is computed), applied to their logits."""
-        from .constraints import apply_mask, fill_masks, new_bitmask
+    def _mask_pool(self):
+        if self._masker is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._masker = ThreadPoolExecutor(1, thread_name_prefix="qwenc-masks")
+        return self._masker
+
+    @staticmethod
+    def _fill(reqs):
+        """The bitmask rows of these requests' grammars, in order (fill_masks computes them with
+        the GIL released)."""
+        from .constraints import fill_masks, new_bitmask
         matchers = [r.matcher for r in reqs]
         bitmask = new_bitmask(len(matchers), matchers[0].info)
         fill_masks(matchers, bitmask)
-        for i, r in enumerate(rows):
-            r.setflags(write=True)
-            apply_mask(r, bitmask[i])
+        return bitmask
 
     def _record_prompt_logprobs(self, req, c, rows):
         # row j is the distribution of the token after position c.start + j
