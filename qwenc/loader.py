@@ -37,8 +37,10 @@ def _gguf_parts(path: Path):
     cfg_dict, tensors = gguf_to_hf(gf)
     cfg = config_from_dict(cfg_dict, str(path))
     from .text.tokenizer import Tokenizer
-    tokenizer = Tokenizer.from_gguf_metadata(gf.metadata) if "tokenizer.ggml.tokens" in gf.metadata else None
-    template = ChatTemplate.from_gguf_metadata(gf.metadata)
+    tokenizer = None
+    if "tokenizer.ggml.tokens" in gf.metadata:
+        tokenizer = Tokenizer.from_gguf_metadata(gf.metadata, source=f"{path} (tokenizer metadata)")
+    template = ChatTemplate.from_gguf_metadata(gf.metadata, origin=f"{path} (tokenizer.chat_template)")
     return cfg, tensors, tokenizer, {}, template
 
 
@@ -75,5 +77,8 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096, acti
 
 
 def _is_gguf(p: Path) -> bool:
-    with open(p, "rb") as f:
-        return f.read(4) == b"GGUF"
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError as exc:
+        raise ModelFormatError(f"{p}: cannot read: {exc.strerror or exc}") from None
