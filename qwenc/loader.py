@@ -68,6 +68,11 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096, acti
     else:
         raise ModelFormatError(f"{p}: not a model directory or a GGUF file")
     if tokenizer is not None:
+        # Every id the tokenizer can produce must have an embedding row: one past them would be
+        # refused by the first forward pass instead of here.
+        if tokenizer.id_count > cfg.vocab_size:
+            raise ModelFormatError(f"{p}: the tokenizer has ids up to {tokenizer.id_count - 1}, the "
+                                   f"embedding only {cfg.vocab_size} rows")
         tokenizer.chat_template = template
     convert = (lambda t: convert_tensor(t, dtype)) if dtype else None
     weights = Weights(cfg, tensors, convert)

@@ -84,9 +84,10 @@ class _Reader:
 
     def float(self, key, default=None, positive=False):
         v = self._value(key, default)
-        if not _is_number(v) or not math.isfinite(v) or v < 0 or (positive and v == 0):
+        # float32 range: the model computes in float32
+        if not _is_number(v) or not math.isfinite(v) or v < 0 or (positive and v == 0) or v > 3.4e38:
             need = "> 0" if positive else ">= 0"
-            raise self.error(f"'{key}' must be a finite number {need}, got {v!r}"[:300])
+            raise self.error(f"'{key}' must be a finite float32 {need}, got {v!r}"[:300])
         return float(v)
 
     def bool(self, key, default):
@@ -151,6 +152,8 @@ def config_from_dict(cfg: dict, source: str = "config.json") -> ModelConfig:
     head_dim = r.int("head_dim", default=hidden // heads)
     if heads % kv_heads:
         raise ConfigError(f"{source}: {heads} attention heads do not divide into {kv_heads} kv heads")
+    if heads // kv_heads > 64:  # the attention kernel's limit (csrc/attention.c)
+        raise ConfigError(f"{source}: {heads // kv_heads} query heads per kv head; at most 64 are supported")
     if head_dim % 2:
         raise ConfigError(f"{source}: head_dim {head_dim} must be even for RoPE")
     return ModelConfig(

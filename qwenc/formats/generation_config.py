@@ -22,11 +22,16 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                  "max_new_tokens", "eos_token_id", "seed")
 
 
+def _short(value) -> str:
+    """repr(value), cut short: a hostile file's value can be megabytes."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _eos_list(value, source: str, error=ValueError) -> list:
     ids = value if isinstance(value, (list, tuple)) else [value]
     if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**31 for i in ids):
-        raise error(f"{source}: eos_token_id must be a token id or a list of them, "
-                    f"got {value!r}"[:300])
+        raise error(f"{source}: eos_token_id must be a token id or a list of them, got {_short(value)}")
     return list(ids)
 
 
@@ -56,7 +61,7 @@ def load_generation_defaults(model_dir) -> dict:
 
 def _number(name, value, where, error):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise error(f"{name} must be a finite number, got {value!r}{where}"[:300])
+        raise error(f"{name} must be a finite number, got {_short(value)}{where}")
     return float(value)
 
 
@@ -64,7 +69,7 @@ def _integer(name, value, where, error):
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer():
             return int(value)  # JSON writers sometimes emit 20.0
-        raise error(f"{name} must be an integer, got {value!r}{where}"[:300])
+        raise error(f"{name} must be an integer, got {_short(value)}{where}")
     return value
 
 

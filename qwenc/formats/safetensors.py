@@ -127,7 +127,7 @@ def read_checkpoint(model_dir) -> dict:
         shard = read_safetensors(path)
         for tensor in shard:
             if tensor in tensors:
-                raise WeightFileError(f"tensor {tensor!r} is in both {tensors[tensor].source} and {path}"[:400])
+                raise WeightFileError(f"{path}: tensor {tensor!r}"[:300] + f" is also in {tensors[tensor].source}")
         if listed is not None:
             for tensor in listed[name]:
                 if tensor not in shard:

@@ -375,6 +375,11 @@ class Tokenizer:
         return self._vocab_size
 
     @property
+    def id_count(self) -> int:
+        """One past the largest id (ids that are no token included): the embedding rows it needs."""
+        return len(self._tokens)
+
+    @property
     def special_ids(self) -> frozenset:
         return frozenset(self._special_ids)
 
