@@ -54,7 +54,7 @@ def read_json(path, error=ValueError, want=dict, max_bytes=MAX_JSON_BYTES):
         raise error(f"{source}: more than the {max_bytes} bytes a model's JSON file may have")
     value = parse_json(raw, source, error)
     if want is not None and not isinstance(value, want):
-        kind = {dict: "an object", list: "an array"}.get(want, want.__name__)
+        kind = {dict: "object", list: "array"}.get(want, want.__name__)
         raise error(f"{source}: expected a JSON {kind}, got {_json_kind(value)}")
     return value
 

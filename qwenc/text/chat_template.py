@@ -139,6 +139,15 @@ def _strftime_now(fmt):
     return datetime.now().strftime(fmt)
 
 
+def _lipsum(n=5, html=True, min=20, max=100):  # noqa: A002 (Jinja's own parameter names)
+    """Jinja's lorem-ipsum global, refused before it writes more than a value may hold (it
+    runs in one call, between two budget checks)."""
+    if not all(isinstance(v, int) for v in (n, min, max)) or n * max * 16 > MAX_VALUE_CHARS:
+        raise _TooCostly(f"lipsum({n!r}, ...) would build more than {MAX_VALUE_CHARS} characters"[:200])
+    from jinja2.utils import generate_lorem_ipsum
+    return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
+
+
 # --------------------------------------------------------------------------------------------
 # Bounded rendering
 # --------------------------------------------------------------------------------------------
@@ -149,10 +158,11 @@ def _strftime_now(fmt):
 # before the operation runs wherever its result size is known in advance. Real chat templates use
 # a tiny part of each: Qwen3's renders a 20-message conversation in about a thousand steps.
 
-MAX_STEPS = 2_000_000
+MAX_STEPS = 1_000_000
 MAX_SECONDS = 10.0
 MAX_OUTPUT_CHARS = 32 << 20
 MAX_VALUE_CHARS = 32 << 20      # characters in one value (a list's: its items', counted through)
+MAX_PRODUCED_CHARS = 512 << 20  # characters of all the values a render builds, added up
 MAX_INT_BITS = 1 << 16
 MAX_TEMPLATE_CHARS = 1 << 20    # template source (Qwen's longest is ~5,000 characters)
 
@@ -165,6 +175,10 @@ class _Budget:
     def __init__(self):
         self.steps = 0
         self.deadline = time.monotonic() + MAX_SECONDS
+        # id -> (container, its size): the sandbox forbids mutating lists and dicts, so a
+        # container's size, once known, stays true (the reference keeps the id from being reused)
+        self.sizes = {}
+        self.produced = 0  # characters built so far (bounds what many values can hold together)
 
     def tick(self, n=1):
         self.steps += n
@@ -185,26 +199,28 @@ def _tick(n=1):
 
 def _approx_chars(value, limit=MAX_VALUE_CHARS) -> int:
     """Characters `value` holds (strings in lists and dicts counted where they occur), stopping
-    once past `limit`; 8 for each scalar."""
+    once past `limit`; 8 for each scalar. A container's size is remembered for the render."""
     if isinstance(value, str):
         return len(value)
-    if isinstance(value, (list, tuple, dict)):
-        total, stack = 0, [value]
-        while stack and total <= limit:
-            v = stack.pop()
-            if isinstance(v, str):
-                total += len(v)
-            elif isinstance(v, (list, tuple)):
-                total += 2 + len(v)
-                stack.extend(v)
-            elif isinstance(v, dict):
-                total += 2 + 2 * len(v)
-                stack.extend(v.keys())
-                stack.extend(v.values())
-            else:
-                total += 8
-        return total
-    return 8
+    if not isinstance(value, (list, tuple, dict)):
+        return 8
+    budget = _budget.get()
+    known = budget.sizes.get(id(value)) if budget is not None else None
+    if known is not None and known[0] is value:
+        return known[1]
+    total = 2 + 2 * len(value)
+    for v in (value if not isinstance(value, dict) else [*value.keys(), *value.values()]):
+        if total > limit:
+            break
+        total += _approx_chars(v, limit) if isinstance(v, (str, list, tuple, dict)) else 8
+    _remember(value, total)
+    return total
+
+
+def _remember(value, size):
+    budget = _budget.get()
+    if budget is not None and isinstance(value, (list, tuple, dict)):
+        budget.sizes[id(value)] = (value, size)
 
 
 def _check_size(chars, what):
@@ -215,7 +231,13 @@ def _check_size(chars, what):
 def _check_result(value, what):
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_INT_BITS:
         raise _TooCostly(f"chat template built an integer of more than {MAX_INT_BITS} bits ({what})")
-    _check_size(_approx_chars(value), what)
+    size = _approx_chars(value)
+    _check_size(size, what)
+    budget = _budget.get()
+    if budget is not None and isinstance(value, (str, list, tuple, dict)):
+        budget.produced += size
+        if budget.produced > MAX_PRODUCED_CHARS:
+            raise _TooCostly(f"chat template built more than {MAX_PRODUCED_CHARS} characters in all")
     return value
 
 
@@ -252,10 +274,12 @@ def _str_method_cost(obj: str, name: str, args, kwargs):
 
 
 def _guarded_binop(op, left, right):
+    size = None
     if op == "*":
         for seq, times in ((left, right), (right, left)):
             if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
-                _check_size(_approx_chars(seq) * max(times, 0), "repetition")
+                size = _approx_chars(seq) * max(times, 0)
+                _check_size(size, "repetition")
         if isinstance(left, int) and isinstance(right, int) and \
                 left.bit_length() + right.bit_length() > MAX_INT_BITS:
             raise _TooCostly(f"chat template built an integer of more than {MAX_INT_BITS} bits")
@@ -265,10 +289,14 @@ def _guarded_binop(op, left, right):
             raise _TooCostly(f"chat template built an integer of more than {MAX_INT_BITS} bits")
     elif op == "+":
         if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
-            _check_size(_approx_chars(left) + _approx_chars(right), "concatenation")
+            size = _approx_chars(left) + _approx_chars(right)
+            _check_size(size, "concatenation")
     elif op == "%" and isinstance(left, str):
         _check_size(_format_cost(left, right), "% formatting")
-    return _check_result(ImmutableSandboxedEnvironment.default_binop_table[op](left, right), op)
+    result = ImmutableSandboxedEnvironment.default_binop_table[op](left, right)
+    if size is not None:
+        _remember(result, size)  # known without walking the result
+    return _check_result(result, op)
 
 
 # Filters whose result can outgrow their input, with a bound on its size computed first.
@@ -297,12 +325,26 @@ def _filter_cost(name, value, args, kwargs):
     return None
 
 
+def _materialized(value):
+    """A list of what an iterator (map's, range, ...) yields, counted against the budget, so
+    that what is built from it can be sized first."""
+    if isinstance(value, (str, list, tuple, dict)) or not hasattr(value, "__iter__"):
+        return value
+    out = []
+    for item in value:
+        _tick()
+        out.append(item)
+    return out
+
+
 def _guard_filter(name, func):
     @functools.wraps(func)  # keeps jinja_pass_arg, which says what the first argument is
     def guarded(*args, **kwargs):
         _tick()
         skip = 1 if getattr(func, "jinja_pass_arg", None) is not None else 0
         if len(args) > skip:
+            if name == "join":
+                args = args[:skip] + (_materialized(args[skip]),) + args[skip + 1:]
             cost = _filter_cost(name, args[skip], args[skip + 1:], kwargs)
             if cost is not None:
                 _check_size(cost, f"filter {name}")
@@ -365,6 +407,8 @@ class _TemplateEnvironment(ImmutableSandboxedEnvironment):
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)
         _tick()
         owner = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
+        if isinstance(owner, str) and getattr(__obj, "__name__", "") == "join" and args:
+            args = (_materialized(args[0]),) + args[1:]
         if isinstance(owner, str):
             cost = _str_method_cost(owner, getattr(__obj, "__name__", ""), args, kwargs)
             if cost is not None:
@@ -382,6 +426,7 @@ def _make_environment() -> ImmutableSandboxedEnvironment:
     env.filters = {name: _guard_filter(name, f) for name, f in env.filters.items()}
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["lipsum"] = _lipsum
     env.globals["namespace"] = _TemplateNamespace
     env.globals["dict"] = _TemplateDict()
     return env

@@ -252,7 +252,8 @@ class Tokenizer:
         model = spec.get("model") or {}
         _check_model(model, source)
 
-        vocab, added_specs = model.get("vocab"), spec.get("added_tokens") or []
+        vocab, added_specs = model.get("vocab"), spec.get("added_tokens")
+        added_specs = [] if added_specs is None else added_specs
         if not isinstance(vocab, dict) or not vocab:
             raise TokenizerError(f"{source}: model.vocab must be a non-empty object of token -> id")
         if not isinstance(added_specs, list):
