@@ -21,7 +21,7 @@ CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
 # (kind, cases, the least share of them that must load: a harness that only ever produced
 # unreadable files would prove nothing about the code behind the readers)
-RUNS = [("gguf", 1500, 0.05), ("hf", 1000, 0.15), ("demo_header", 30, 0.05)]
+RUNS = [("gguf", 1000, 0.05), ("hf", 700, 0.15), ("demo_header", 20, 0.02)]
 
 
 @pytest.fixture(scope="module")
