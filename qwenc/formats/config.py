@@ -113,10 +113,14 @@ def _rope_theta(r: _Reader) -> float:
         if kind not in (None, "default"):
             raise r.error(f"rope type {kind!r} (RoPE scaling/YaRN) is not supported"[:300])
     if params.get("rope_theta") is not None:
-        return _Reader(params, f"{r.source} (rope_parameters)").float("rope_theta", positive=True)
-    if r.cfg.get("rope_theta") is None:
+        theta = _Reader(params, f"{r.source} (rope_parameters)").float("rope_theta", positive=True)
+    elif r.cfg.get("rope_theta") is None:
         raise r.error("no rope_theta (top-level or under rope_parameters)")
-    return r.float("rope_theta", positive=True)
+    else:
+        theta = r.float("rope_theta", positive=True)
+    if theta < 1:  # the frequencies theta ** (-2i / d) would grow past float32 instead of falling
+        raise r.error(f"'rope_theta' must be >= 1, got {theta!r}")
+    return theta
 
 
 def _eos_ids(r: _Reader) -> tuple:
