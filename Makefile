@@ -31,12 +31,17 @@ test-asan: build
 	$(PYTHON) -P -m pytest -q -rs -p no:cacheprovider tests -k "not real_model"
 
 # Coverage-guided fuzzing of every model-file reader (atheris: pip install ".[fuzz]") for
-# FUZZ_SECONDS; findings and counts land in build/fuzz (findings.txt, stats.json).
+# FUZZ_SECONDS; the counts and findings land in build/fuzz (stats.json, findings.txt, and the
+# input of a crash, a timeout or an out-of-memory). Fails when anything was found.
 FUZZ_SECONDS ?= 720
 fuzz: build
+	mkdir -p build/fuzz
 	$(PYTHON) tests/fuzz_atheris.py --workdir build/fuzz -- -max_total_time=$(FUZZ_SECONDS) \
-		-rss_limit_mb=4096 -timeout=60 -print_final_stats=1 2>&1 | grep -v "^#[0-9]*	\(NEW\|REDUCE\|pulse\)"
-	@cat build/fuzz/stats.json; echo; cat build/fuzz/findings.txt
+		-rss_limit_mb=3072 -timeout=60 -print_final_stats=1 -artifact_prefix=build/fuzz/ \
+		> build/fuzz/log.txt 2>&1; rc=$$?; \
+	grep -v -e "NEW    cov:" -e "REDUCE cov:" -e "pulse  cov:" build/fuzz/log.txt | tail -25; \
+	cat build/fuzz/stats.json; echo; cat build/fuzz/findings.txt; \
+	test $$rc -eq 0 && test ! -s build/fuzz/findings.txt
 
 bench: build
 	$(PYTHON) bench/bench_decode.py
