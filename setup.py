@@ -3,6 +3,10 @@
 SIMD is chosen at run time (csrc/cpu.c), so no -march flag is passed here: the same wheel runs on
 any x86-64 and falls back to plain C where AVX2/FMA are missing. OpenMP is used when the compiler
 accepts it; without it the kernels run on one thread.
+
+QWENC_SANITIZE=address,undefined builds the C code with those sanitizers (and without
+optimizations that hide where a fault is), for `make test-asan`; that build goes to a directory
+of its own (setup.py build --build-base ...), never over the in-place one.
 """
 import os
 import subprocess
@@ -45,6 +49,15 @@ def extensions():
     cflags = ["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-math-errno", "-ffp-contract=off",
               "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION"]
     ldflags = []
+    sanitize = os.environ.get("QWENC_SANITIZE", "")
+    if sanitize:
+        # The shipped -O3 (some AVX2 helpers take immediates through inlined, unrolled arguments,
+        # which fold to constants only then), plus what a report needs to point at its line.
+        # UB aborts (no recovery), so a report cannot scroll by in a passing run.
+        cflags = ["-O3", "-g", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}"] + cflags[1:]
+        if "undefined" in sanitize:
+            cflags.append("-fno-sanitize-recover=undefined")
+        ldflags.append(f"-fsanitize={sanitize}")
     if use_openmp:
         cflags.append("-fopenmp")
         ldflags.append("-fopenmp")

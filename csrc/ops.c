@@ -88,8 +88,13 @@ void qw_softmax(float *x, int64_t M, int64_t n) {
     }
 }
 
-void qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T, float *out) {
+int qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T, float *out) {
+    /* Refuse rather than widen: qw_dequant_row writes zeros for a type it has no kernel for, and
+     * zero embeddings would run through the model as if they were real. */
+    int bs = qw_block_size(dtype);
+    if (bs == 0 || D % bs != 0) return -1;
     size_t stride = qw_row_bytes(dtype, D);
     for (int64_t t = 0; t < T; t++)
         qw_dequant_row(dtype, (const uint8_t *)E + (size_t)ids[t] * stride, out + t * D, D);
+    return 0;
 }

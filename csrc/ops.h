@@ -19,7 +19,8 @@ void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out);
 /* In-place softmax of M rows of n, the row max subtracted first so exp never overflows. */
 void qw_softmax(float *x, int64_t M, int64_t n);
 
-/* out[t] = widened row ids[t] of the stored table E (rows of D elements, type dtype). */
-void qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T, float *out);
+/* out[t] = widened row ids[t] of the stored table E (rows of D elements, type dtype). Returns 0,
+ * or -1 (nothing written) when dtype has no kernel or D is not a multiple of its block size. */
+int qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T, float *out);
 
 #endif

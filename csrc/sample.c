@@ -57,16 +57,34 @@ typedef struct {
     int32_t i;
 } cand_t;
 
+/* A total order even over NaN (NaN last): qsort needs a consistent comparison. */
 static int cand_desc(const void *pa, const void *pb) {
     const cand_t *a = pa, *b = pb;
-    if (a->v != b->v) return a->v > b->v ? -1 : 1;
+    int an = isnan(a->v), bn = isnan(b->v);
+    if (an != bn) return an - bn;
+    if (!an && a->v != b->v) return a->v > b->v ? -1 : 1;
     return (a->i > b->i) - (a->i < b->i);
 }
 
-/* Sort candidates by descending logit (ties: lower id first). */
-static void sort_desc(int32_t *idx, float *val, int64_t c) {
-    cand_t *tmp = malloc((size_t)c * sizeof *tmp);
-    if (!tmp) return; /* unsorted candidates still sample from the right distribution below */
+/* Allocations the tests make fail (qw_sample_fail_allocs), to prove the error path. */
+static int fail_allocs;
+
+void qw_sample_fail_allocs(int n) { fail_allocs = n; }
+
+static void *scratch_alloc(size_t bytes) {
+    if (fail_allocs > 0) {
+        fail_allocs--;
+        return NULL;
+    }
+    return malloc(bytes);
+}
+
+/* Sort candidates by descending logit (ties: lower id first). Returns 0, or -1 when the scratch
+ * cannot be allocated (the candidates are then left as they were). */
+static int sort_desc(int32_t *idx, float *val, int64_t c) {
+    if (c < 2) return 0;
+    cand_t *tmp = scratch_alloc((size_t)c * sizeof *tmp);
+    if (!tmp) return -1;
     for (int64_t i = 0; i < c; i++) tmp[i] = (cand_t){val[i], idx[i]};
     qsort(tmp, (size_t)c, sizeof *tmp, cand_desc);
     for (int64_t i = 0; i < c; i++) {
@@ -74,18 +92,20 @@ static void sort_desc(int32_t *idx, float *val, int64_t c) {
         idx[i] = tmp[i].i;
     }
     free(tmp);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- sampling */
 
 int64_t qw_sample(float *logits, int64_t n, float temperature, int64_t top_k, float top_p, float min_p,
                   double u, int32_t *idx, float *val) {
-    if (n <= 0) return -1;
+    if (n <= 0) return QW_SAMPLE_EMPTY;
     if (temperature <= 0.0f) return qw_argmax(logits, n);
     float inv_t = 1.0f / temperature;
     for (int64_t i = 0; i < n; i++) logits[i] *= inv_t;
 
-    float mx = logits[qw_argmax(logits, n)];
+    int64_t best = qw_argmax(logits, n);
+    float mx = logits[best];
     int64_t c; /* number of candidates in idx/val */
     double base;  /* softmax denominator the top-p cut is measured against */
     if (top_k > 0 && top_k < n) {
@@ -109,8 +129,9 @@ int64_t qw_sample(float *logits, int64_t n, float temperature, int64_t top_k, fl
             c++;
         }
     }
-    int need_order = top_p < 1.0f;
-    if (need_order) sort_desc(idx, val, c);
+    /* The nucleus is a prefix of the candidates in descending order: unsorted, the cut below
+     * would keep the wrong tokens, so no order means no draw. */
+    if (top_p < 1.0f && sort_desc(idx, val, c) != 0) return QW_SAMPLE_NOMEM;
 
     /* val becomes unnormalised probabilities relative to the max. */
     for (int64_t i = 0; i < c; i++) val[i] = (float)exp((double)(val[i] - mx));
@@ -136,6 +157,9 @@ int64_t qw_sample(float *logits, int64_t n, float temperature, int64_t top_k, fl
             }
         c = w;
     }
+    /* Only NaN logits (a model that produced NaN) leave no candidate: fall back to the first
+     * maximum rather than read idx[-1]. */
+    if (c == 0) return best;
     double total = 0.0;
     for (int64_t i = 0; i < c; i++) total += val[i];
     double r = u * total, acc = 0.0;

@@ -41,7 +41,7 @@ cdef extern from "ops.h":
     void qw_rope(float *x, int64_t T, int64_t H, int64_t hd, const int64_t *pos, const float *inv_freq) nogil
     void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out) nogil
     void qw_softmax(float *x, int64_t M, int64_t n) nogil
-    void qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T, float *out) nogil
+    int qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T, float *out) nogil
 
 cdef extern from "attention.h":
     void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, int64_t hd,
@@ -55,6 +55,8 @@ cdef extern from "sample.h":
     int64_t qw_argmax(const float *x, int64_t n) nogil
     int64_t qw_sample(float *logits, int64_t n, float temperature, int64_t top_k, float top_p, float min_p,
                       double u, int32_t *idx, float *val) nogil
+    int64_t QW_SAMPLE_NOMEM
+    void qw_sample_fail_allocs(int n) nogil
 
 
 # ---------------------------------------------------------------- settings
@@ -170,6 +172,11 @@ def matmul_group(products, const float[:, ::1] X, int act=0):
 def embed(const uint8_t[::1] E, int dtype, int64_t V, int64_t D, const int32_t[::1] ids, float[:, ::1] out):
     """out[t] = row ids[t] of the stored embedding table E (V rows of D)."""
     cdef int64_t T = ids.shape[0], t
+    cdef int rc
+    if not qw_dtype_supported(dtype):
+        raise ValueError(f"unsupported embedding type {dtype}")
+    if D % qw_block_size(dtype) != 0:
+        raise ValueError(f"row length {D} is not a multiple of the block size {qw_block_size(dtype)}")
     if out.shape[0] != T or out.shape[1] != D:
         raise ValueError("output shape mismatch")
     if <size_t>E.shape[0] < qw_row_bytes(dtype, D) * V:
@@ -180,7 +187,9 @@ def embed(const uint8_t[::1] E, int dtype, int64_t V, int64_t D, const int32_t[:
     if T == 0:
         return
     with nogil:
-        qw_embed(&E[0], dtype, D, &ids[0], T, &out[0, 0])
+        rc = qw_embed(&E[0], dtype, D, &ids[0], T, &out[0, 0])
+    if rc != 0:
+        raise ValueError(f"embedding type {dtype} with rows of {D} has no kernel")
 
 
 # ---------------------------------------------------------------- element-wise
@@ -303,4 +312,11 @@ def sample(float[::1] logits, float temperature, int64_t top_k, float top_p, flo
         raise ValueError("sample: empty logits or scratch too small")
     with nogil:
         r = qw_sample(&logits[0], n, temperature, top_k, top_p, min_p, u, &idx[0], &val[0])
+    if r == QW_SAMPLE_NOMEM:
+        raise MemoryError("sample: out of memory for sorting the top-p candidates")
     return r
+
+
+def _sample_fail_allocs(int n):
+    """For tests: make the next n scratch allocations of sample() fail."""
+    qw_sample_fail_allocs(n)

@@ -32,6 +32,15 @@ class GGUFError(WeightError):
     """A GGUF file is malformed or holds something this reader does not support."""
 
 
+class TokenizerError(ModelFormatError):
+    """tokenizer.json, tokenizer_config.json (or a GGUF's tokenizer metadata) is malformed."""
+
+
+class UnsupportedTokenizer(TokenizerError, NotImplementedError):
+    """A well-formed tokenizer whose pipeline qwenc does not implement (refused rather than
+    tokenized differently)."""
+
+
 class ChatTemplateError(ModelFormatError):
     """The chat template does not parse, raises, or runs too long."""
 

@@ -39,8 +39,10 @@ def _gguf_parts(path: Path):
     cfg_dict, tensors = gguf_to_hf(gf)
     cfg = config_from_dict(cfg_dict, str(path))
     from .text.tokenizer import Tokenizer
-    tokenizer = Tokenizer.from_gguf_metadata(gf.metadata) if "tokenizer.ggml.tokens" in gf.metadata else None
-    template = ChatTemplate.from_gguf_metadata(gf.metadata)
+    tokenizer = None
+    if "tokenizer.ggml.tokens" in gf.metadata:
+        tokenizer = Tokenizer.from_gguf_metadata(gf.metadata, source=f"{path} (tokenizer metadata)")
+    template = ChatTemplate.from_gguf_metadata(gf.metadata, origin=f"{path} (tokenizer.chat_template)")
     return cfg, tensors, tokenizer, {}, template
 
 
@@ -69,6 +71,11 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096, acti
     else:
         raise ModelFormatError(f"{p}: not a model directory or a GGUF file")
     if tokenizer is not None:
+        # Every id the tokenizer can produce must have an embedding row: one past them would be
+        # refused by the first forward pass instead of here.
+        if tokenizer.id_count > cfg.vocab_size:
+            raise ModelFormatError(f"{p}: the tokenizer has ids up to {tokenizer.id_count - 1}, the "
+                                   f"embedding only {cfg.vocab_size} rows")
         tokenizer.chat_template = template
     convert = (lambda t: convert_tensor(t, dtype)) if dtype else None
     weights = Weights(cfg, tensors, convert)
@@ -78,5 +85,8 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096, acti
 
 
 def _is_gguf(p: Path) -> bool:
-    with open(p, "rb") as f:
-        return f.read(4) == b"GGUF"
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError as exc:
+        raise ModelFormatError(f"{p}: cannot read: {exc.strerror or exc}") from None

@@ -300,3 +300,18 @@ def test_embed(path):
         np.testing.assert_array_equal(out, tf[ids])
     with pytest.raises(ValueError):
         _ops.embed(raw, BF16, V, D, np.array([50], np.int32), np.empty((1, D), np.float32))
+
+
+@pytest.mark.parametrize("dtype", [10, 11, 16, 23, 99])  # Q2_K, Q3_K, IQ2_XXS, IQ4_XS, unknown
+def test_embed_refuses_types_without_a_kernel(dtype):
+    """It used to write zeros, which the model then ran on as if they were embeddings."""
+    out = np.full((1, 256), 7.0, np.float32)
+    with pytest.raises(ValueError, match="unsupported embedding type"):
+        _ops.embed(np.zeros(4096, np.uint8), dtype, 2, 256, np.array([1], np.int32), out)
+    assert (out == 7.0).all()
+
+
+def test_embed_refuses_a_row_length_off_the_block():
+    from qwenc.formats.tensors import Q8_0
+    with pytest.raises(ValueError, match="block size"):
+        _ops.embed(np.zeros(4096, np.uint8), Q8_0, 2, 48, np.array([1], np.int32), np.empty((1, 48), np.float32))

@@ -199,3 +199,35 @@ def test_not_a_model(tmp_path):
         qwenc.load(tmp_path / "nope")
     with pytest.raises(qwenc.ConfigError, match="config.json"):
         qwenc.load(tmp_path)
+
+
+def test_untied_config_without_lm_head_is_refused(tmp_path):
+    """The embedding used to stand in for a missing head: a model, but not the one described."""
+    path, _ = make_model(tmp_path / "m", arch="qwen2", dtype="f32", tie_word_embeddings=False)
+    rewrite_safetensors(path / "model.safetensors", drop="lm_head.weight")
+    with pytest.raises(qwenc.WeightError, match=r"lm_head\.weight missing") as exc:
+        qwenc.load(path)
+    assert "model.safetensors" in str(exc.value)
+    # tied, the same file is complete
+    edit_config(path, tie_word_embeddings=True)
+    model = qwenc.load(path)
+    assert model.weights.lm_head is model.weights.embed
+
+
+def test_decode_batch_of_nothing(bf16_model):
+    model = qwenc.load(bf16_model[0])
+    out = model.decode_batch([], [])
+    assert out.shape == (0, model.config.vocab_size) and out.dtype == np.float32
+
+
+@pytest.mark.parametrize("bad", [dict(seed=-1), dict(seed="x"), dict(top_k=-2), dict(temperature="hot"),
+                                 dict(max_tokens=-1), dict(max_tokens="9"), dict(max_tokens=None)])
+def test_bad_request_fails_before_the_prefill(bf16_model, monkeypatch, bad):
+    """Every setting is checked before any compute (an invalid seed used to fail only after the
+    prefill, when the sampler was built)."""
+    model = qwenc.load(bf16_model[0])
+    steps = []
+    monkeypatch.setattr(model, "step", lambda items: steps.append(items))
+    with pytest.raises(qwenc.InvalidRequest):
+        list(model.generate_tokens([1, 2, 3], **{"max_tokens": 4, "temperature": 1.0, **bad}))
+    assert steps == []

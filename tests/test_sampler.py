@@ -104,3 +104,52 @@ def test_repetition_penalty_matches_transformers():
 def test_invalid_params_rejected(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+def test_top_p_without_sorted_candidates_raises():
+    """When the candidates cannot be sorted, top-p would keep the wrong nucleus: no draw then."""
+    logits = (np.random.default_rng(9).standard_normal(64) * 2).astype(np.float32)
+    idx, val = np.empty(64, np.int32), np.empty(64, np.float32)
+    _ops._sample_fail_allocs(1)
+    try:
+        with pytest.raises(MemoryError, match="top-p"):
+            _ops.sample(logits.copy(), 1.0, 0, 0.5, 0.0, 0.999, idx, val)
+    finally:
+        _ops._sample_fail_allocs(0)
+    # the next call has its memory and draws from the true nucleus
+    ref = reference_probs(logits, 1.0, 0, 0.5, 0.0)
+    assert ref[_ops.sample(logits.copy(), 1.0, 0, 0.5, 0.0, 0.999, idx, val)] > 0
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.1])
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_nan_logits_still_give_a_token_id(top_p, min_p):
+    """A model that produced NaN leaves no candidate; the draw must still be an id of the row
+    (it read idx[-1] before)."""
+    n = 40
+    idx, val = np.full(n, -7, np.int32), np.empty(n, np.float32)
+    for u in (0.0, 0.5, 0.999):
+        token = _ops.sample(np.full(n, np.nan, np.float32), 1.0, 0, top_p, min_p, u, idx, val)
+        assert 0 <= token < n
+
+
+@pytest.mark.parametrize("seed", [-1, 2**128, 1.5, "7", True])
+def test_invalid_seed_rejected_at_construction(seed):
+    from qwenc import InvalidRequest
+    with pytest.raises(InvalidRequest, match="seed"):
+        SamplingParams(temperature=1.0, seed=seed)
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=float("nan")), dict(top_p=None), dict(top_k="3"),
+                                 dict(min_p=float("inf")), dict(repetition_penalty="1.1")])
+def test_wrongly_typed_params_are_invalid_requests(bad):
+    from qwenc import InvalidRequest
+    with pytest.raises(InvalidRequest):
+        SamplingParams(**bad)
+
+
+def test_huge_top_k_means_off():
+    logits = (np.random.default_rng(4).standard_normal(50) * 2).astype(np.float32)
+    a = Sampler(SamplingParams(temperature=1.0, top_k=2**70, seed=1), 50).sample(logits.copy())
+    b = Sampler(SamplingParams(temperature=1.0, top_k=0, seed=1), 50).sample(logits.copy())
+    assert a == b

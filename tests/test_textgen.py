@@ -113,8 +113,11 @@ def test_chat_completion_shapes(model):
 def test_chat_session_reuses_the_cache(model, monkeypatch):
     from qwenc.engine.generate import ChatSession, Generation, render_chat
     session = ChatSession(model, max_tokens=12, **GREEDY)
-    first = session.send("Hello there").run()
+    g = session.send("Hello there")
+    first = g.run()
     cached = session.cached_tokens
+    cached_ids = list(session.sequence.tokens)
+    first_prompt = model.tokenizer.encode(render_chat(model, [{"role": "user", "content": "Hello there"}]))
     prefilled = []
     real_forward = model.forward
 
@@ -128,8 +131,17 @@ def test_chat_session_reuses_the_cache(model, monkeypatch):
     history = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": first},
                {"role": "user", "content": "And again?"}]
     full_prompt = model.tokenizer.encode(render_chat(model, history))
-    assert prefilled[0] < len(full_prompt) - cached + 8, "the second turn re-prefilled the first"
-    assert prefilled[0] <= len(full_prompt) - cached + 1 or cached > 0
+    # The first turn's prompt and reply are cached; a reply cut by max_tokens lacks its last token,
+    # which was never fed back.
+    assert len(g.token_ids) > 0
+    assert cached == len(first_prompt) + len(g.token_ids) - (g.finish_reason == "length")
+    # The second turn prefills exactly what the cache lacks: the prompt past the longest common
+    # prefix, which takes in the whole first prompt.
+    common = 0
+    while common < min(len(cached_ids), len(full_prompt)) and cached_ids[common] == full_prompt[common]:
+        common += 1
+    assert common >= len(first_prompt), "the second turn re-prefilled the first"
+    assert prefilled[0] == len(full_prompt) - common
     assert second == Generation(model, full_prompt, max_tokens=12, **GREEDY).run()
     session.reset()
     assert session.cached_tokens == 0 and session.messages == []

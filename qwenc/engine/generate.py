@@ -4,9 +4,12 @@
 string), then read `finish_reason` and the token counts. `ChatSession` keeps a conversation and its
 KV cache, so each turn prefills only what the previous turns did not already cache.
 """
+import operator
 import threading
 import time
 import uuid
+
+import numpy as np
 
 from ..errors import Cancelled, ContextLengthExceeded, InvalidRequest
 from ..text.textstream import TextStream
@@ -20,17 +23,32 @@ def _require_tokenizer(model):
     return model.tokenizer
 
 
+def _max_tokens(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise InvalidRequest(f"max_tokens must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def _token_ids(ids, what) -> list:
+    try:
+        return [operator.index(t) for t in ids]
+    except TypeError:
+        raise InvalidRequest(f"{what} must be integers, got {ids!r}"[:200]) from None
+
+
 def generate_tokens(model, ids, max_tokens=256, stop_token_ids=None, sequence=None, cancel=None, matcher=None,
                     **sampling):
     """Yield generated token ids one by one (see Model.generate_tokens).
 
     matcher: a constraints.Matcher (or ThinkingGate): its grammar masks every draw, and the
     generation stops as soon as the grammar can take nothing but EOS."""
+    # Everything the request says is checked before the prefill: a bad setting costs nothing.
     params = model.sampling_params(**sampling)
-    ids = [int(t) for t in ids]
+    max_tokens = _max_tokens(max_tokens)
+    ids = _token_ids(ids, "prompt token ids")
     if not ids:
         raise InvalidRequest("generation needs at least one prompt token")
-    stops = set(model.eos_token_ids if stop_token_ids is None else (int(t) for t in stop_token_ids))
+    stops = set(model.eos_token_ids if stop_token_ids is None else _token_ids(stop_token_ids, "stop_token_ids"))
     seq = sequence if sequence is not None else model.new_sequence()
     if len(ids) > seq.capacity:
         raise ContextLengthExceeded(
@@ -79,9 +97,7 @@ class Generation:
         the model's <think>...</think> part."""
         self.model = model
         self.prompt_ids = list(prompt_ids)
-        self.max_tokens = int(max_tokens)
-        if self.max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        self.max_tokens = _max_tokens(max_tokens)
         self.stream = TextStream(_require_tokenizer(model), stop or (), skip_special_tokens)
         self.sequence = sequence
         self.stop_token_ids = stop_token_ids

@@ -34,17 +34,18 @@ class SamplingParams:
     logit_bias: dict = field(default=None, hash=False)  # {token id: added to its logit}
 
     def __post_init__(self):
-        def finite(name):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise InvalidRequest(f"{name} must be a finite number, got {v!r}")
+        # Every setting is checked here, before any compute: a bad one must not cost a prefill.
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                      "frequency_penalty"):
-            finite(name)
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):
+                raise InvalidRequest(f"{name} must be a finite number, got {value!r}")
         if not self.temperature >= 0:
             raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
-        if isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or self.top_k < 0:
-            raise InvalidRequest(f"top_k must be an integer >= 0, got {self.top_k}")
+        if _is_real(self.top_k) and not _is_integer(self.top_k) and float(self.top_k).is_integer():
+            object.__setattr__(self, "top_k", int(self.top_k))  # 20.0, as JSON writers put it
+        if not _is_integer(self.top_k) or self.top_k < 0:
+            raise InvalidRequest(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if not 0 < self.top_p <= 1:
             raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
@@ -54,21 +55,29 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise InvalidRequest(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or not 0 <= self.seed < 2 ** 64):
-            raise InvalidRequest(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if self.seed is not None and (not _is_integer(self.seed) or not 0 <= self.seed < 2**128):
+            # numpy's PCG64 takes any integer in [0, 2**128)
+            raise InvalidRequest(f"seed must be an integer in [0, 2**128) or None, got {self.seed!r}")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise InvalidRequest("logit_bias must map token ids to numbers")
             for k, v in self.logit_bias.items():
-                if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+                if not _is_integer(k) or k < 0:
                     raise InvalidRequest(f"logit_bias keys must be token ids, got {k!r}")
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+                if not _is_real(v) or not -100 <= v <= 100:
                     raise InvalidRequest(f"logit_bias values must be numbers in [-100, 100], got {v!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_integer(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 class Sampler:
@@ -87,7 +96,9 @@ class Sampler:
         self.matcher = matcher
         self._mask_row = None if matcher is None else np.zeros(matcher.info.n_words, dtype=np.int32)
         self.n_vocab = n_vocab  # real tokens only: padded embedding rows are never drawn
-        self.rng = rng if rng is not None else np.random.Generator(np.random.PCG64(params.seed))
+        seed = None if params.seed is None else int(params.seed)
+        self.rng = rng if rng is not None else np.random.Generator(np.random.PCG64(seed))
+        self._top_k = min(int(params.top_k), n_vocab)  # past the vocabulary, top-k is off anyway
         self._idx = np.empty(n_vocab, dtype=np.int32)
         self._val = np.empty(n_vocab, dtype=np.float32)
         self._seen = np.zeros(n_vocab, dtype=bool)
@@ -135,7 +146,7 @@ class Sampler:
         if p.temperature == 0:
             return int(_ops.argmax(row))
         u = self.rng.random()
-        return int(_ops.sample(row, p.temperature, p.top_k, p.top_p, p.min_p, u, self._idx, self._val))
+        return int(_ops.sample(row, p.temperature, self._top_k, p.top_p, p.min_p, u, self._idx, self._val))
 
 
 def logprobs(row: np.ndarray, token: int, top: int = 0):

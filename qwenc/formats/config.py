@@ -4,14 +4,14 @@ Everything the forward pass needs is here, validated once at load, so that the m
 trust it. Settings we do not implement (RoPE scaling, sliding window) are refused, not ignored:
 ignoring them would give a model that talks, but wrongly.
 """
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
-
-
 from ..errors import ConfigError
+from .jsonfile import read_json
+
+ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
 
 @dataclass(frozen=True)
@@ -42,78 +42,146 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
 
-def _rope_theta(cfg: dict, source: str) -> float:
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# Far past any real model (Qwen2.5-72B: hidden 8192, 80 layers, 152k vocab), far below sizes whose
+# products overflow the kernels' 64-bit index arithmetic.
+MAX_DIM = 1 << 24
+
+
+class _Reader:
+    """Typed access to a config dict: every value is checked for its type and range, and a bad one
+    is a ConfigError naming the file and the key."""
+
+    def __init__(self, cfg: dict, source: str):
+        self.cfg, self.source = cfg, source
+
+    def error(self, msg):
+        return ConfigError(f"{self.source}: {msg}")
+
+    def _value(self, key, default):
+        """The value of `key`; `default` when it is absent or null, required when that is None."""
+        v = self.cfg.get(key)
+        if v is None:
+            if default is None:
+                raise self.error(f"missing '{key}'")
+            return default
+        return v
+
+    def int(self, key, default=None, lo=1, hi=MAX_DIM):
+        v = self._value(key, default)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)  # JSON writers sometimes emit 64.0
+        if not _is_int(v) or not lo <= v <= hi:
+            raise self.error(f"'{key}' must be an integer in [{lo}, {hi}], got {v!r}"[:300])
+        return v
+
+    def float(self, key, default=None, positive=False):
+        v = self._value(key, default)
+        # float32 range: the model computes in float32
+        if not _is_number(v) or not math.isfinite(v) or v < 0 or (positive and v == 0) or v > 3.4e38:
+            need = "> 0" if positive else ">= 0"
+            raise self.error(f"'{key}' must be a finite float32 {need}, got {v!r}"[:300])
+        return float(v)
+
+    def bool(self, key, default):
+        v = self._value(key, default)
+        if not isinstance(v, bool):
+            raise self.error(f"'{key}' must be true or false, got {v!r}"[:300])
+        return v
+
+    def dict(self, key):
+        v = self.cfg.get(key)
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise self.error(f"'{key}' must be an object, got {v!r}"[:300])
+        return v
+
+
+def _rope_theta(r: _Reader) -> float:
     """theta and a refusal of scaled RoPE, in either config layout."""
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
+    params, scaling = r.dict("rope_parameters"), r.dict("rope_scaling")
     for block in (params, scaling):
         kind = block.get("rope_type", block.get("type", "default"))
         if kind not in (None, "default"):
-            raise ConfigError(f"{source}: rope type '{kind}' (RoPE scaling/YaRN) is not supported")
-    theta = params.get("rope_theta", cfg.get("rope_theta"))
-    if theta is None:
-        raise ConfigError(f"{source}: no rope_theta (top-level or under rope_parameters)")
-    return float(theta)
+            raise r.error(f"rope type {kind!r} (RoPE scaling/YaRN) is not supported"[:300])
+    if params.get("rope_theta") is not None:
+        theta = _Reader(params, f"{r.source} (rope_parameters)").float("rope_theta", positive=True)
+    elif r.cfg.get("rope_theta") is None:
+        raise r.error("no rope_theta (top-level or under rope_parameters)")
+    else:
+        theta = r.float("rope_theta", positive=True)
+    if theta < 1:  # the frequencies theta ** (-2i / d) would grow past float32 instead of falling
+        raise r.error(f"'rope_theta' must be >= 1, got {theta!r}")
+    return theta
 
 
-def _eos_ids(value) -> tuple:
+def _eos_ids(r: _Reader) -> tuple:
+    value = r.cfg.get("eos_token_id")
     if value is None:
         return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+    ids = value if isinstance(value, list) else [value]
+    if not all(_is_int(i) and 0 <= i < 2**31 for i in ids):
+        raise r.error(f"'eos_token_id' must be a token id or a list of them, got {value!r}"[:300])
+    return tuple(ids)
 
 
 def config_from_dict(cfg: dict, source: str = "config.json") -> ModelConfig:
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
+    r = _Reader(cfg, source)
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise r.error(f"'architectures' must be a list of names, got {archs!r}"[:300])
     arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
     if arch is None:
-        arch = {"qwen2": "qwen2", "qwen3": "qwen3"}.get(cfg.get("model_type"))
+        model_type = cfg.get("model_type")
+        arch = {"qwen2": "qwen2", "qwen3": "qwen3"}.get(model_type) if isinstance(model_type, str) else None
     if arch is None:
-        raise ConfigError(f"{source}: unsupported architecture {archs or cfg.get('model_type')}; "
-                          f"supported: {', '.join(ARCHITECTURES)}")
+        raise ConfigError(f"{source}: unsupported architecture {archs or cfg.get('model_type')!r}; "
+                          f"supported: {', '.join(ARCHITECTURES)}"[:400])
     if cfg.get("use_sliding_window"):
         raise ConfigError(f"{source}: use_sliding_window is on; sliding-window attention is not supported")
 
-    def need(key):
-        if key not in cfg:
-            raise ConfigError(f"{source}: missing '{key}'")
-        return cfg[key]
-
-    hidden = int(need("hidden_size"))
-    heads = int(need("num_attention_heads"))
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    hidden = r.int("hidden_size")
+    heads = r.int("num_attention_heads")
+    kv_heads = r.int("num_key_value_heads", default=heads)
+    head_dim = r.int("head_dim", default=hidden // heads)
     if heads % kv_heads:
         raise ConfigError(f"{source}: {heads} attention heads do not divide into {kv_heads} kv heads")
+    if heads // kv_heads > 64:  # the attention kernel's limit (csrc/attention.c)
+        raise ConfigError(f"{source}: {heads // kv_heads} query heads per kv head; at most 64 are supported")
     if head_dim % 2:
         raise ConfigError(f"{source}: head_dim {head_dim} must be even for RoPE")
     return ModelConfig(
         arch=arch,
         hidden_size=hidden,
-        num_layers=int(need("num_hidden_layers")),
+        num_layers=r.int("num_hidden_layers", hi=1 << 16),
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=int(need("intermediate_size")),
-        vocab_size=int(need("vocab_size")),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=_rope_theta(cfg, source),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+        intermediate_size=r.int("intermediate_size"),
+        vocab_size=r.int("vocab_size", hi=(1 << 31) - 1),
+        rms_norm_eps=r.float("rms_norm_eps", default=1e-6),
+        rope_theta=_rope_theta(r),
+        max_position_embeddings=r.int("max_position_embeddings", default=32768, hi=(1 << 31) - 1),
+        tie_word_embeddings=r.bool("tie_word_embeddings", False),
+        attention_bias=r.bool("attention_bias", arch == "qwen2"),
         qk_norm=arch == "qwen3",
-        eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
-        torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or ""),
+        eos_token_ids=_eos_ids(r),
+        torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "")[:64],
     )
 
 
 def load_config(model_dir) -> ModelConfig:
     path = Path(model_dir) / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: not found (a model directory needs config.json)") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
-    return config_from_dict(cfg, str(path))
+    if not path.exists():
+        raise ConfigError(f"{path}: not found (a model directory needs config.json)")
+    return config_from_dict(read_json(path, ConfigError, max_bytes=1 << 20), str(path))

@@ -7,9 +7,11 @@ neutral defaults apply to them.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+
+from ..errors import ConfigError, InvalidRequest
+from .jsonfile import read_json
 
 # Settings read from generation_config.json, under the same names.
 _FLOAT_KEYS = ("temperature", "top_p", "min_p", "repetition_penalty")
@@ -20,11 +22,16 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                  "max_new_tokens", "eos_token_id", "seed")
 
 
-def _eos_list(value, source: str) -> list:
+def _short(value) -> str:
+    """repr(value), cut short: a hostile file's value can be megabytes."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _eos_list(value, source: str, error=ValueError) -> list:
     ids = value if isinstance(value, (list, tuple)) else [value]
-    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise ValueError(f"{source}: eos_token_id must be a token id or a list of them, "
-                         f"got {value!r}")
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**31 for i in ids):
+        raise error(f"{source}: eos_token_id must be a token id or a list of them, got {_short(value)}")
     return list(ids)
 
 
@@ -34,74 +41,70 @@ def load_generation_defaults(model_dir) -> dict:
     Keys (each only when the file sets it): eos_token_id (always a list), temperature, top_p,
     top_k, min_p, repetition_penalty, max_new_tokens. `do_sample: false` means greedy decoding
     in transformers whatever the temperature says, so it becomes temperature 0.
-    Values are checked by resolve_sampling, which reports them as the model's defaults.
+    Every value is checked here, at load (ConfigError naming the file), and again by
+    resolve_sampling, which reports a bad one as the model's default.
     """
     path = Path(model_dir) / "generation_config.json"
     if not path.is_file():
         return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    config = read_json(path, ConfigError)
 
     defaults = {}
-    if config.get("eos_token_id") is not None:
-        defaults["eos_token_id"] = _eos_list(config["eos_token_id"], str(path))
-    for key in _FLOAT_KEYS + _INT_KEYS:
+    where = f" (in {path})"
+    for key in ("eos_token_id",) + _FLOAT_KEYS + _INT_KEYS:
         if config.get(key) is not None:
-            defaults[key] = config[key]
+            defaults[key] = _check(key, config[key], where, ConfigError)
     if config.get("do_sample") is False:
         defaults["temperature"] = 0.0
     return defaults
 
 
-def _number(name, value, where):
+def _number(name, value, where, error):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}{where}")
+        raise error(f"{name} must be a finite number, got {_short(value)}{where}")
     return float(value)
 
 
-def _integer(name, value, where):
+def _integer(name, value, where, error):
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer():
             return int(value)  # JSON writers sometimes emit 20.0
-        raise ValueError(f"{name} must be an integer, got {value!r}{where}")
+        raise error(f"{name} must be an integer, got {_short(value)}{where}")
     return value
 
 
-def _check(name, value, where):
-    """The validated (and normalized) value of one setting."""
+def _check(name, value, where, error=InvalidRequest):
+    """The validated (and normalized) value of one setting; `error` (a ValueError) otherwise."""
     if name == "temperature":
-        value = _number(name, value, where)
+        value = _number(name, value, where, error)
         if value < 0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {value}{where}")
+            raise error(f"temperature must be >= 0 (0 means greedy), got {value}{where}")
     elif name == "top_p":
-        value = _number(name, value, where)
+        value = _number(name, value, where, error)
         if not 0 < value <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (1 turns it off), got {value}{where}")
+            raise error(f"top_p must be in (0, 1] (1 turns it off), got {value}{where}")
     elif name == "top_k":
-        value = _integer(name, value, where)
+        value = _integer(name, value, where, error)
         if value < 0:
-            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {value}{where}")
+            raise error(f"top_k must be >= 0 (0 turns it off), got {value}{where}")
     elif name == "min_p":
-        value = _number(name, value, where)
+        value = _number(name, value, where, error)
         if not 0 <= value <= 1:
-            raise ValueError(f"min_p must be in [0, 1] (0 turns it off), got {value}{where}")
+            raise error(f"min_p must be in [0, 1] (0 turns it off), got {value}{where}")
     elif name == "repetition_penalty":
-        value = _number(name, value, where)
+        value = _number(name, value, where, error)
         if not value > 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1 turns it off), got {value}{where}")
+            raise error(f"repetition_penalty must be > 0 (1 turns it off), got {value}{where}")
     elif name == "max_new_tokens":
-        value = _integer(name, value, where)
+        value = _integer(name, value, where, error)
         if value < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {value}{where}")
+            raise error(f"max_new_tokens must be >= 1, got {value}{where}")
     elif name == "eos_token_id":
-        value = _eos_list(value, f"eos_token_id{where}")
+        value = _eos_list(value, f"eos_token_id{where}", error)
     elif name == "seed":
-        value = _integer(name, value, where)
+        value = _integer(name, value, where, error)
+        if not 0 <= value < 2**128:
+            raise error(f"seed must be in [0, 2**128), got {value}{where}")
     return value
 
 
@@ -118,8 +121,8 @@ def resolve_sampling(defaults: dict, **overrides) -> dict:
                         f"known: {', '.join(SAMPLING_KEYS)}")
     merged = {}
     for name, value in defaults.items():
-        merged[name] = _check(name, value, " (from the model's generation_config.json)")
+        merged[name] = _check(name, value, " (from the model's generation_config.json)", ConfigError)
     for name, value in overrides.items():
         if value is not None:
-            merged[name] = _check(name, value, "")
+            merged[name] = _check(name, value, "", InvalidRequest)
     return merged

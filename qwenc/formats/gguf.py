@@ -93,6 +93,14 @@ class _Cursor:
     def error(self, msg):
         return GGUFError(f"{self.path}: {msg}")
 
+    def need(self, count, min_bytes, what):
+        """Refuse `count` items of at least `min_bytes` each when the file cannot hold them, before
+        anything is allocated for them (a hostile count must not cost memory)."""
+        left = self.size - self.pos
+        if count * min_bytes > left:
+            raise self.error(f"truncated file: {count} {what} need at least {count * min_bytes} bytes, "
+                             f"{left} are left")
+
     def take(self, n):
         """Advance over n bytes, returning where they start."""
         start = self.pos
@@ -140,8 +148,10 @@ class _Cursor:
             return np.frombuffer(self.buf, dtype=np.dtype(dtype).newbyteorder("<"), count=count,
                                  offset=start).tolist()
         if etype == STRING:
+            self.need(count, 8, "strings")
             return self.string_array(count)
         if etype == ARRAY:
+            self.need(count, 12, "arrays")
             return [self.array(depth + 1) for _ in range(count)]
         raise self.error(f"unknown metadata array element type {etype} at byte {self.pos - 12}")
 
@@ -202,6 +212,10 @@ class GGUFFile:
             raise cur.error(f"unsupported GGUF version {self.version} (supported: 2, 3)")
         n_tensors = cur.u64()
         n_kv = cur.u64()
+        # Each entry takes at least its key's length, its type and a 1-byte value; each tensor at
+        # least a name length, one dimension, a type and an offset.
+        cur.need(n_kv, 8 + 4 + 1, "metadata entries")
+        cur.need(n_tensors, 8 + 4 + 8 + 4 + 8, "tensor entries")
         for _ in range(n_kv):
             key = cur.string()
             vtype = cur.u32()
@@ -216,6 +230,10 @@ class GGUFFile:
             if name in self.tensors:
                 raise cur.error(f"duplicate tensor {name!r}")
             self.tensors[name] = self._locate(cur, name, dtype, shape, rel)
+        spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in self.tensors.values() if t.nbytes)
+        for (s0, e0, a), (s1, e1, b) in zip(spans, spans[1:]):
+            if s1 < e0:
+                raise cur.error(f"tensors {a!r} and {b!r} share bytes ([{s0}, {e0}) and [{s1}, {e1}))")
 
     def _alignment(self, cur):
         align = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
@@ -420,60 +438,100 @@ def _float_value(gf, key, default=None):
     return float(x)
 
 
+_INT_TYPES = (UINT8, INT8, UINT16, INT16, UINT32, INT32, UINT64, INT64)
+_FLOAT_TYPES = (FLOAT32, FLOAT64)
+
+
+class _Metadata:
+    """Typed reads of a GGUF's metadata: a key of the wrong value type or out of range is a
+    GGUFError naming the file and the key."""
+
+    def __init__(self, gf: GGUFFile):
+        self.gf, self.md = gf, gf.metadata
+
+    def error(self, msg):
+        return GGUFError(f"{self.gf.path}: {msg}")
+
+    def int(self, key, default=None, lo=0, hi=1 << 31):
+        if key not in self.md:
+            if default is None:
+                raise self.error(f"metadata key {key!r} is missing")
+            return default
+        v, vtype = self.md[key], self.gf.value_types.get(key)
+        if vtype not in _INT_TYPES or not lo <= v <= hi:
+            raise self.error(f"metadata key {key!r} must be an integer in [{lo}, {hi}], got {v!r}"[:300])
+        return int(v)
+
+    def float(self, key, default=None):
+        if key not in self.md:
+            if default is None:
+                raise self.error(f"metadata key {key!r} is missing")
+            return default
+        v, vtype = self.md[key], self.gf.value_types.get(key)
+        if vtype not in _INT_TYPES + _FLOAT_TYPES:
+            raise self.error(f"metadata key {key!r} must be a number, got {v!r}"[:300])
+        return _float_value(self.gf, key)
+
+    def str(self, key):
+        v = self.md.get(key)
+        if v is not None and self.gf.value_types.get(key) != STRING:
+            raise self.error(f"metadata key {key!r} must be a string, got {v!r}"[:300])
+        return v
+
+
 def gguf_to_hf(gf: GGUFFile):
     """(config, tensors): an HF-style config dict and the tensors under HF names and shapes.
 
     Tensor data stays in the file's storage type; `Tensor.data` is the zero-copy byte view."""
-    md = gf.metadata
-    arch = md.get("general.architecture")
+    m = _Metadata(gf)
+    arch = m.str("general.architecture")
     if arch not in ARCHITECTURES:
         raise GGUFError(f"{gf.path}: architecture {arch!r} is not supported "
-                        f"(supported: {', '.join(ARCHITECTURES)})")
-
-    def need(key):
-        """The full name of a required `<arch>.` key."""
-        full = f"{arch}.{key}"
-        if full not in md:
-            raise GGUFError(f"{gf.path}: metadata key {full!r} is missing")
-        return full
-
-    if "token_embd.weight" not in gf.tensors:
+                        f"(supported: {', '.join(ARCHITECTURES)})"[:300])
+    embd = gf.tensors.get("token_embd.weight")
+    if embd is None:
         raise GGUFError(f"{gf.path}: tensor 'token_embd.weight' is missing")
-    hidden = int(md[need("embedding_length")])
-    heads = int(md[need("attention.head_count")])
+    if len(embd.shape) != 2:
+        raise GGUFError(f"{gf.path}: tensor 'token_embd.weight' has shape {list(embd.shape)}, "
+                        "not [hidden, vocab]")
+    hidden = m.int(f"{arch}.embedding_length", lo=1)
+    heads = m.int(f"{arch}.attention.head_count", lo=1)
     config = {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,
         "hidden_size": hidden,
-        "num_hidden_layers": int(md[need("block_count")]),
+        "num_hidden_layers": m.int(f"{arch}.block_count", lo=1),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(md.get(f"{arch}.attention.head_count_kv", heads)),
-        "intermediate_size": int(md[need("feed_forward_length")]),
-        "rms_norm_eps": _float_value(gf, need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _float_value(gf, f"{arch}.rope.freq_base", 10000.0),
-        "max_position_embeddings": int(md[need("context_length")]),
-        "vocab_size": int(gf.tensors["token_embd.weight"].shape[1]),
-        "head_dim": int(md.get(f"{arch}.attention.key_length", hidden // heads)),
+        "num_key_value_heads": m.int(f"{arch}.attention.head_count_kv", heads, lo=1),
+        "intermediate_size": m.int(f"{arch}.feed_forward_length", lo=1),
+        "rms_norm_eps": m.float(f"{arch}.attention.layer_norm_rms_epsilon"),
+        "rope_theta": m.float(f"{arch}.rope.freq_base", 10000.0),
+        "max_position_embeddings": m.int(f"{arch}.context_length", lo=1),
+        "vocab_size": int(embd.shape[1]),
+        "head_dim": m.int(f"{arch}.attention.key_length", max(hidden // heads, 1), lo=1),
         "tie_word_embeddings": "output.weight" not in gf.tensors,
         "attention_bias": "blk.0.attn_q.bias" in gf.tensors,
         "torch_dtype": "float32",
     }
     # RoPE scaling, when present, is passed on so that the loader can refuse what it cannot run.
-    scaling = md.get(f"{arch}.rope.scaling.type")
+    scaling = gf.metadata.get(f"{arch}.rope.scaling.type")
     if scaling is not None and scaling != "none":
-        rope = {"rope_type": scaling, "type": scaling}
-        if f"{arch}.rope.scaling.factor" in md:
-            rope["factor"] = _float_value(gf, f"{arch}.rope.scaling.factor")
-        if f"{arch}.rope.scaling.original_context_length" in md:
-            rope["original_max_position_embeddings"] = int(md[f"{arch}.rope.scaling.original_context_length"])
+        rope = {"rope_type": str(scaling)[:100], "type": str(scaling)[:100]}
+        if f"{arch}.rope.scaling.factor" in gf.metadata:
+            rope["factor"] = m.float(f"{arch}.rope.scaling.factor")
+        if f"{arch}.rope.scaling.original_context_length" in gf.metadata:
+            rope["original_max_position_embeddings"] = m.int(f"{arch}.rope.scaling.original_context_length")
         config["rope_scaling"] = rope
-    for key, hf in (("eos_token_id", "eos_token_id"), ("bos_token_id", "bos_token_id")):
-        if f"tokenizer.ggml.{key}" in md:
-            config[hf] = int(md[f"tokenizer.ggml.{key}"])
+    for key in ("eos_token_id", "bos_token_id"):
+        if f"tokenizer.ggml.{key}" in gf.metadata:
+            config[key] = m.int(f"tokenizer.ggml.{key}")
 
-    tensors = {}
+    tensors, gguf_names = {}, {}
     for name, info in gf.tensors.items():
         hf = hf_tensor_name(name)
+        if hf in tensors:  # two GGUF names for one HF tensor (e.g. "output.weight" and "lm_head.weight")
+            raise GGUFError(f"{gf.path}: tensors {gguf_names[hf]!r} and {name!r} both stand for {hf!r}"[:300])
+        gguf_names[hf] = name
         tensors[hf] = Tensor(name=hf, dtype=info.dtype, shape=tuple(reversed(info.shape)),
                              data=gf.tensor_bytes(name), source=gf.tensor_path(name))
     return config, tensors

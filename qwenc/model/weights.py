@@ -10,7 +10,12 @@ import numpy as np
 from .. import _ops
 from ..errors import WeightError
 from ..formats.config import ModelConfig
-from ..formats.tensors import BF16, F32, Q8_0, Tensor, row_bytes
+from ..formats.tensors import BF16, BLOCK, DTYPE_NAMES, F32, Q8_0, Tensor, row_bytes
+
+
+def _type_name(dtype: int) -> str:
+    from ..formats.gguf import GGML_TYPES
+    return DTYPE_NAMES.get(dtype) or (GGML_TYPES[dtype][0] if dtype in GGML_TYPES else f"type {dtype}")
 
 
 @dataclass
@@ -57,10 +62,13 @@ class Weights:
         h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
         self.embed = self.matrix("model.embed_tokens.weight", (cfg.vocab_size, h))
         self.norm = self.vector("model.norm.weight", h)
-        if "lm_head.weight" in tensors and not cfg.tie_word_embeddings:
-            self.lm_head = self.matrix("lm_head.weight", (cfg.vocab_size, h))
-        else:  # tied: a tied checkpoint may still carry lm_head.weight; the embedding is the truth
+        if cfg.tie_word_embeddings:
+            # A tied checkpoint may still carry lm_head.weight; the embedding is the truth.
             self.lm_head = self.embed
+        else:
+            # Untied: the head is a matrix of its own. Falling back to the embedding when it is
+            # missing would give a model that talks, but not the one the config describes.
+            self.lm_head = self.matrix("lm_head.weight", (cfg.vocab_size, h))
         self.layers = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
@@ -86,6 +94,15 @@ class Weights:
             raise WeightError(f"tensor {name} missing from {', '.join(where) or 'the checkpoint'}")
         if tuple(t.shape) != tuple(shape):
             raise WeightError(f"tensor {name} in {t.source} has shape {list(t.shape)}, expected {list(shape)}")
+        # Refused here, at load, rather than by the first matmul: the file holds a type (Q2_K,
+        # Q3_K, IQ*, ...) the kernels have no code for.
+        if t.dtype not in BLOCK:
+            raise WeightError(f"tensor {name} in {t.source} is stored as {_type_name(t.dtype)}, which qwenc "
+                              f"cannot compute with (supported: {', '.join(DTYPE_NAMES.values())})")
+        rows, cols = (t.shape[0] if len(t.shape) == 2 else 1), t.shape[-1]
+        if cols % BLOCK[t.dtype][0] or t.data.nbytes != row_bytes(t.dtype, cols) * rows:
+            raise WeightError(f"tensor {name} in {t.source}: {t.data.nbytes} bytes do not hold "
+                              f"{list(t.shape)} {_type_name(t.dtype)} values")
         return t
 
     def matrix(self, name, shape) -> Tensor:

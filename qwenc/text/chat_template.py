@@ -25,8 +25,12 @@ plain ChatML when a model ships none.
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import functools
 import json
+import re
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
@@ -36,10 +40,13 @@ from typing import Any, Optional
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
+from jinja2.visitor import NodeTransformer
 
 from ..errors import ChatTemplateError
+from ..formats.jsonfile import read_json
 
 # The fallback for models without a template: ChatML, the format Qwen models are trained on.
 # Each message becomes `<|im_start|>{role}\n{content}<|im_end|>\n`; non-string content (e.g. a
@@ -132,12 +139,294 @@ def _strftime_now(fmt):
     return datetime.now().strftime(fmt)
 
 
+def _lipsum(n=5, html=True, min=20, max=100):  # noqa: A002 (Jinja's own parameter names)
+    """Jinja's lorem-ipsum global, refused before it writes more than a value may hold (it
+    runs in one call, between two budget checks)."""
+    if not all(isinstance(v, int) for v in (n, min, max)) or n * max * 16 > MAX_VALUE_CHARS:
+        raise _TooCostly(f"lipsum({n!r}, ...) would build more than {MAX_VALUE_CHARS} characters"[:200])
+    from jinja2.utils import generate_lorem_ipsum
+    return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
+
+
+# --------------------------------------------------------------------------------------------
+# Bounded rendering
+# --------------------------------------------------------------------------------------------
+# A template is a program from the internet; the sandbox keeps it from Python's internals but not
+# from running forever or building a string of gigabytes. So every render has a budget: steps
+# (loop iterations, calls, attribute and item reads, operators), seconds, and the size of what it
+# outputs; and no operation may build a value (string, list, int) past a size limit, checked
+# before the operation runs wherever its result size is known in advance. Real chat templates use
+# a tiny part of each: Qwen3's renders a 20-message conversation in about a thousand steps.
+
+MAX_STEPS = 1_000_000
+MAX_SECONDS = 10.0
+MAX_OUTPUT_CHARS = 32 << 20
+MAX_VALUE_CHARS = 32 << 20      # characters in one value (a list's: its items', counted through)
+MAX_PRODUCED_CHARS = 512 << 20  # characters of all the values a render builds, added up
+MAX_INT_BITS = 1 << 16
+MAX_TEMPLATE_CHARS = 1 << 20    # template source (Qwen's longest is ~5,000 characters)
+
+
+class _TooCostly(jinja2.TemplateError):
+    """A render that went past its budget."""
+
+
+class _Budget:
+    def __init__(self):
+        self.steps = 0
+        self.deadline = time.monotonic() + MAX_SECONDS
+        # id -> (container, its size): the sandbox forbids mutating lists and dicts, so a
+        # container's size, once known, stays true (the reference keeps the id from being reused)
+        self.sizes = {}
+        self.produced = 0  # characters built so far (bounds what many values can hold together)
+
+    def tick(self, n=1):
+        self.steps += n
+        if self.steps > MAX_STEPS:
+            raise _TooCostly(f"chat template ran more than {MAX_STEPS} steps (a loop that does not end?)")
+        if not self.steps & 1023 and time.monotonic() > self.deadline:
+            raise _TooCostly(f"chat template ran longer than {MAX_SECONDS:g} s")
+
+
+_budget: contextvars.ContextVar = contextvars.ContextVar("qwenc_template_budget", default=None)
+
+
+def _tick(n=1):
+    budget = _budget.get()
+    if budget is not None:  # outside a render: Jinja folding constants at compile time
+        budget.tick(n)
+
+
+def _approx_chars(value, limit=MAX_VALUE_CHARS) -> int:
+    """Characters `value` holds (strings in lists and dicts counted where they occur), stopping
+    once past `limit`; 8 for each scalar. A container's size is remembered for the render."""
+    if isinstance(value, str):
+        return len(value)
+    if not isinstance(value, (list, tuple, dict)):
+        return 8
+    budget = _budget.get()
+    known = budget.sizes.get(id(value)) if budget is not None else None
+    if known is not None and known[0] is value:
+        return known[1]
+    total = 2 + 2 * len(value)
+    for v in (value if not isinstance(value, dict) else [*value.keys(), *value.values()]):
+        if total > limit:
+            break
+        total += _approx_chars(v, limit) if isinstance(v, (str, list, tuple, dict)) else 8
+    _remember(value, total)
+    return total
+
+
+def _remember(value, size):
+    budget = _budget.get()
+    if budget is not None and isinstance(value, (list, tuple, dict)):
+        budget.sizes[id(value)] = (value, size)
+
+
+def _check_size(chars, what):
+    if chars > MAX_VALUE_CHARS:
+        raise _TooCostly(f"chat template built a value of more than {MAX_VALUE_CHARS} characters ({what})")
+
+
+def _check_result(value, what):
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_INT_BITS:
+        raise _TooCostly(f"chat template built an integer of more than {MAX_INT_BITS} bits ({what})")
+    size = _approx_chars(value)
+    _check_size(size, what)
+    budget = _budget.get()
+    if budget is not None and isinstance(value, (str, list, tuple, dict)):
+        budget.produced += size
+        if budget.produced > MAX_PRODUCED_CHARS:
+            raise _TooCostly(f"chat template built more than {MAX_PRODUCED_CHARS} characters in all")
+    return value
+
+
+def _int_arg(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _format_cost(fmt: str, args) -> int:
+    """An upper bound on the length of fmt % args or fmt.format(*args): each field as long as
+    the longest argument, plus every number in fmt (a width) and, with `*` widths, in args."""
+    values = list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, (list, tuple)) else [args]
+    longest = max((_approx_chars(v) for v in values), default=0)
+    widths = sum(int(d) for d in re.findall(r"\d{1,12}", fmt))
+    if "*" in fmt:
+        widths += sum(abs(_int_arg(v)) for v in values)
+    return len(fmt) + (fmt.count("%") + fmt.count("{")) * longest + widths
+
+
+def _str_method_cost(obj: str, name: str, args, kwargs):
+    """An upper bound on the result length of a str method that can grow its string, or None."""
+    a = list(args) + list(kwargs.values())
+    n = len(obj)
+    if name in ("center", "ljust", "rjust", "zfill"):
+        return max(n, _int_arg(a[0]) if a else 0)
+    if name == "expandtabs":
+        return n * max(1, _int_arg(a[0]) if a else 8)
+    if name == "replace" and len(a) >= 2 and isinstance(a[0], str) and isinstance(a[1], str):
+        return n + (n // max(len(a[0]), 1) + 1) * len(a[1])
+    if name == "join" and a and isinstance(a[0], (list, tuple)):
+        return _approx_chars(a[0]) + n * len(a[0])
+    if name in ("format", "format_map"):
+        return _format_cost(obj, a[0] if name == "format_map" and a else a)
+    return None
+
+
+def _guarded_binop(op, left, right):
+    size = None
+    if op == "*":
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
+                size = _approx_chars(seq) * max(times, 0)
+                _check_size(size, "repetition")
+        if isinstance(left, int) and isinstance(right, int) and \
+                left.bit_length() + right.bit_length() > MAX_INT_BITS:
+            raise _TooCostly(f"chat template built an integer of more than {MAX_INT_BITS} bits")
+    elif op == "**":
+        if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and \
+                right > 0 and left.bit_length() * right > MAX_INT_BITS:
+            raise _TooCostly(f"chat template built an integer of more than {MAX_INT_BITS} bits")
+    elif op == "+":
+        if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+            size = _approx_chars(left) + _approx_chars(right)
+            _check_size(size, "concatenation")
+    elif op == "%" and isinstance(left, str):
+        _check_size(_format_cost(left, right), "% formatting")
+    result = ImmutableSandboxedEnvironment.default_binop_table[op](left, right)
+    if size is not None:
+        _remember(result, size)  # known without walking the result
+    return _check_result(result, op)
+
+
+# Filters whose result can outgrow their input, with a bound on its size computed first.
+def _filter_cost(name, value, args, kwargs):
+    a = list(args) + list(kwargs.values())
+    size = _approx_chars(value)
+    if name == "indent":
+        width = a[0] if a else 4
+        width = len(width) if isinstance(width, str) else _int_arg(width)
+        return size + (str(value).count("\n") + 1 if isinstance(value, str) else size) * width
+    if name == "center":
+        return max(size, _int_arg(a[0]) if a else 80)
+    if name == "join" and isinstance(value, (list, tuple)):
+        sep = a[0] if a and isinstance(a[0], str) else ""
+        return size + len(sep) * len(value)
+    if name == "replace" and len(a) >= 2 and isinstance(value, str):
+        old, new = str(a[0]), str(a[1])
+        return size + (size // max(len(old), 1) + 1) * len(new)
+    if name == "format" and isinstance(value, str):
+        return _format_cost(value, a)
+    if name == "tojson":
+        indent = kwargs.get("indent", a[1] if len(a) > 1 else None)
+        return size * (2 + 8 * max(_int_arg(indent), 0)) if indent else 2 * size + 64
+    if name == "wordwrap":
+        return 2 * size + 64
+    return None
+
+
+def _materialized(value):
+    """A list of what an iterator (map's, range, ...) yields, counted against the budget, so
+    that what is built from it can be sized first."""
+    if isinstance(value, (str, list, tuple, dict)) or not hasattr(value, "__iter__"):
+        return value
+    out = []
+    for item in value:
+        _tick()
+        out.append(item)
+    return out
+
+
+def _guard_filter(name, func):
+    @functools.wraps(func)  # keeps jinja_pass_arg, which says what the first argument is
+    def guarded(*args, **kwargs):
+        _tick()
+        skip = 1 if getattr(func, "jinja_pass_arg", None) is not None else 0
+        if len(args) > skip:
+            if name == "join":
+                args = args[:skip] + (_materialized(args[skip]),) + args[skip + 1:]
+            cost = _filter_cost(name, args[skip], args[skip + 1:], kwargs)
+            if cost is not None:
+                _check_size(cost, f"filter {name}")
+        return _check_result(func(*args, **kwargs), f"filter {name}")
+    return guarded
+
+
+def _guarded_iter(iterable):
+    """What every `{% for %}` loops over: counts its iterations against the budget."""
+    for item in iterable:
+        _tick()
+        yield item
+
+
+def _guarded_concat(parts):
+    """`a ~ b ~ ...` (Jinja's str_join), with the size of the result checked first."""
+    strings = [p if isinstance(p, str) else str(p) for p in parts]
+    _check_size(sum(len(p) for p in strings), "~ concatenation")
+    return "".join(strings)
+
+
+class _Guards(NodeTransformer):
+    """Rewrites a parsed template so that its loops and `~` go through the budget."""
+
+    def visit_For(self, node):
+        node = self.generic_visit(node)
+        node.iter = nodes.Call(nodes.EnvironmentAttribute("guarded_iter"), [node.iter], [], None, None,
+                               lineno=node.lineno)
+        return node
+
+    def visit_Concat(self, node):
+        node = self.generic_visit(node)
+        return nodes.Call(nodes.EnvironmentAttribute("guarded_concat"), [nodes.List(node.nodes, lineno=node.lineno)],
+                          [], None, None, lineno=node.lineno)
+
+
+class _TemplateEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with every operation that can loop or grow a value counted and bounded."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+    guarded_iter = staticmethod(_guarded_iter)
+    guarded_concat = staticmethod(_guarded_concat)
+
+    def _parse(self, source, name, filename):
+        tree = _Guards().visit(super()._parse(source, name, filename))
+        return tree.set_environment(self)
+
+    def call_binop(self, context, operator, left, right):
+        _tick()
+        return _guarded_binop(operator, left, right)
+
+    def getattr(self, obj, attribute):
+        _tick()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj, argument):
+        _tick()
+        return super().getitem(obj, argument)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)
+        _tick()
+        owner = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
+        if isinstance(owner, str) and getattr(__obj, "__name__", "") == "join" and args:
+            args = (_materialized(args[0]),) + args[1:]
+        if isinstance(owner, str):
+            cost = _str_method_cost(owner, getattr(__obj, "__name__", ""), args, kwargs)
+            if cost is not None:
+                _check_size(cost, f"str.{__obj.__name__}")
+        for v in args:
+            if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > MAX_INT_BITS:
+                raise _TooCostly("chat template passed a huge integer")
+        return _check_result(super().call(__context, __obj, *args, **kwargs), "a call")
+
+
 def _make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = _TemplateEnvironment(trim_blocks=True, lstrip_blocks=True,
+                               extensions=[_GenerationTag, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters = {name: _guard_filter(name, f) for name, f in env.filters.items()}
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["lipsum"] = _lipsum
     env.globals["namespace"] = _TemplateNamespace
     env.globals["dict"] = _TemplateDict()
     return env
@@ -151,11 +440,17 @@ def compile_chat_template(template: str) -> jinja2.Template:
     """Compile once per distinct template string. Raises ChatTemplateError on a syntax error."""
     if not isinstance(template, str):
         raise TypeError(f"a chat template is a string, got {type(template).__name__}")
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise ChatTemplateError(f"invalid chat template: {len(template)} characters, more than "
+                                f"{MAX_TEMPLATE_CHARS}")
     try:
         return ENVIRONMENT.from_string(template)
     except jinja2.TemplateSyntaxError as exc:
         message = f"invalid chat template (line {exc.lineno}): {exc.message}"
         raise ChatTemplateError(message) from None
+    except (RecursionError, MemoryError, SyntaxError, ValueError, TypeError) as exc:
+        # Nesting too deep for the parser or for Python's compiler, or a literal it cannot take.
+        raise ChatTemplateError(f"invalid chat template: {type(exc).__name__}: {exc}"[:300]) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,16 +551,30 @@ def template_variables(messages, add_generation_prompt=False, tools=None, docume
 
 
 def render_compiled(compiled: jinja2.Template, variables: dict) -> str:
-    """Render a compiled template; any failure inside the template becomes ChatTemplateError."""
+    """Render a compiled template within the budget (see "Bounded rendering"); any failure
+    inside the template becomes ChatTemplateError."""
+    token = _budget.set(_Budget())
     try:
-        return compiled.render(**variables)
+        out, size = [], 0
+        for chunk in compiled.generate(**variables):
+            size += len(chunk)
+            if size > MAX_OUTPUT_CHARS:
+                raise _TooCostly(f"chat template output more than {MAX_OUTPUT_CHARS} characters")
+            out.append(chunk)
+        return "".join(out)
     except _RaisedByTemplate as exc:
+        raise ChatTemplateError(exc.message) from None
+    except _TooCostly as exc:
         raise ChatTemplateError(exc.message) from None
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"chat template failed: {exc}") from exc
+    except RecursionError:
+        raise ChatTemplateError("chat template failed: recursion too deep (a macro calling itself?)") from None
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, ArithmeticError) as exc:
         # Python errors raised by operations inside the template, e.g. `'a' + none`.
-        raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+        raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}"[:500]) from exc
+    finally:
+        _budget.reset(token)
 
 
 def render_chat_template(template: str, messages: list, add_generation_prompt: bool = False,
@@ -308,13 +617,32 @@ def _named_templates(value, origin: str) -> dict:
         for item in value:
             if not (isinstance(item, Mapping) and isinstance(item.get("name"), str)
                     and isinstance(item.get("template"), str)):
-                raise ValueError(f"{origin}: chat_template entries must be {{'name', 'template'}} "
-                                 f"pairs, got {item!r}")
+                raise ChatTemplateError(f"{origin}: chat_template entries must be {{'name', 'template'}} "
+                                        f"pairs, got {item!r}"[:300])
             named[item["name"]] = item["template"]
         return named
     if isinstance(value, Mapping) and all(isinstance(v, str) for v in value.values()):
         return dict(value)
-    raise ValueError(f"{origin}: chat_template must be a string or a list of named templates")
+    raise ChatTemplateError(f"{origin}: chat_template must be a string or a list of named templates")
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _read_template(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ChatTemplateError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ChatTemplateError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 class ChatTemplate:
@@ -327,7 +655,16 @@ class ChatTemplate:
     def __init__(self, templates, special_tokens: Optional[Mapping] = None, origin: str = "given"):
         self.templates = {"default": templates} if isinstance(templates, str) else dict(templates)
         if not self.templates:
-            raise ValueError(f"{origin}: no chat template")
+            raise ChatTemplateError(f"{origin}: no chat template")
+        for name, text in self.templates.items():
+            # Compiled now, so that a template that does not parse is refused with the model
+            # rather than at its first conversation.
+            if not isinstance(text, str) or _has_surrogates(text):
+                raise ChatTemplateError(f"{origin}: chat template {name!r} is not UTF-8 text")
+            try:
+                compile_chat_template(text)
+            except ChatTemplateError as exc:
+                raise ChatTemplateError(f"{origin}: chat template {name!r}: {exc}"[:500]) from None
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
         self.origin = origin  # where it was read from, for messages and for `is_fallback`
 
@@ -369,8 +706,7 @@ class ChatTemplate:
         """From a parsed tokenizer_config.json (or its path); None when it has no template."""
         if not isinstance(config, Mapping):
             origin = str(config)
-            with open(config, encoding="utf-8") as f:
-                config = json.load(f)
+            config = read_json(config, ChatTemplateError)
         if config.get("chat_template") is None:
             return None
         specials = {name: _token_text(config.get(name)) for name in SPECIAL_TOKEN_NAMES}
@@ -386,18 +722,15 @@ class ChatTemplate:
         """
         model_dir = Path(model_dir)
         config_path = model_dir / "tokenizer_config.json"
-        config = {}
-        if config_path.is_file():
-            with open(config_path, encoding="utf-8") as f:
-                config = json.load(f)
+        config = read_json(config_path, ChatTemplateError) if config_path.is_file() else {}
         files = {}
         jinja_path = model_dir / "chat_template.jinja"
         if jinja_path.is_file():
-            files["default"] = jinja_path.read_text(encoding="utf-8")
+            files["default"] = _read_template(jinja_path)
         extra_dir = model_dir / "additional_chat_templates"
         if extra_dir.is_dir():
             for path in sorted(extra_dir.glob("*.jinja")):
-                files[path.name[:-len(".jinja")]] = path.read_text(encoding="utf-8")
+                files[path.name[:-len(".jinja")]] = _read_template(path)
         if files:
             config = {**config, "chat_template": files}
         return cls.from_tokenizer_config(config, origin=str(jinja_path if files else config_path))
@@ -415,20 +748,25 @@ class ChatTemplate:
         template = metadata.get("tokenizer.chat_template")
         if template is None:
             return None
+        if not isinstance(template, str):
+            raise ChatTemplateError(f"{origin}: tokenizer.chat_template is not a string")
         templates = {"default": template}
-        for name in metadata.get("tokenizer.chat_templates") or ():
+        names = metadata.get("tokenizer.chat_templates", [])
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+            raise ChatTemplateError(f"{origin}: tokenizer.chat_templates is not a list of names")
+        for name in names:
             named = metadata.get(f"tokenizer.chat_template.{name}")
             if named is not None:
                 templates[name] = named
         tokens = metadata.get("tokenizer.ggml.tokens")
         specials = {}
         names = ["eos", "unk", "padding"]
-        if metadata.get("tokenizer.ggml.add_bos_token"):
+        if metadata.get("tokenizer.ggml.add_bos_token") is True:
             names.append("bos")
         for name in names:
             token_id = metadata.get(f"tokenizer.ggml.{name}_token_id")
-            if tokens is not None and token_id is not None and 0 <= int(token_id) < len(tokens):
-                specials[f"{name[:3]}_token"] = str(tokens[int(token_id)])
+            if isinstance(tokens, list) and isinstance(token_id, int) and 0 <= token_id < len(tokens):
+                specials[f"{name[:3]}_token"] = str(tokens[token_id])
         return cls(templates, specials, origin)
 
     @classmethod

@@ -29,6 +29,8 @@ from typing import Iterable, Optional
 import numpy as np
 
 from .. import _bpe
+from ..errors import TokenizerError, UnsupportedTokenizer
+from ..formats.jsonfile import read_json
 
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -87,12 +89,15 @@ class Tokenizer:
 
     def __init__(self, tokens: list, in_vocab: bytes, merges: list, added: list, *, nfc: bool = True,
                  ignore_merges: bool = False, eos_token_id: Optional[int] = None,
-                 pad_token_id: Optional[int] = None):
+                 pad_token_id: Optional[int] = None, source: str = "tokenizer"):
         """tokens: token string (byte-level alphabet) per id, None for ids that are no token.
         in_vocab: one byte per id, nonzero for the BPE model's own vocabulary.
         merges: "left right" strings, best first.
-        added: (content, id, special, normalized) tuples."""
+        added: (content, id, special, normalized) tuples.
+        source: where it was read from, for error messages."""
         n = len(tokens)
+        if not 0 < n < 2**31:
+            raise TokenizerError(f"{source}: a vocabulary of {n} tokens")
         kinds = bytearray(n)
         for i, t in enumerate(tokens):
             if t is not None:
@@ -102,7 +107,8 @@ class Tokenizer:
         raw_added, normalized_added = [], []
         for content, tid, special, normalized in added:
             if not 0 <= tid < n:
-                raise ValueError(f"added token {content!r} has id {tid} outside the vocabulary")
+                raise TokenizerError(f"{source}: added token {content!r} has id {tid} outside the "
+                                     f"vocabulary"[:300])
             self._added[content] = tid
             strings[tid] = content
             kinds[tid] = _bpe.KIND_SPECIAL if special else _bpe.KIND_PLAIN
@@ -125,12 +131,19 @@ class Tokenizer:
                 blob_strings[tid] = _as_byte_level(content)
         blob = "\n".join(blob_strings)
         if blob.count("\n") != n - 1:
-            raise NotImplementedError("a vocabulary token contains a raw newline character")
+            raise UnsupportedTokenizer(f"{source}: a vocabulary token contains a raw newline character")
         merge_blob = "\n".join(merges)
         if len(merges) and merge_blob.count("\n") != len(merges) - 1:
-            raise ValueError("a merge contains a newline character")
-        self._bpe = _bpe.BPE(blob.encode("utf-8"), n, bytes(in_vocab), bytes(kinds),
-                             merge_blob.encode("utf-8"), len(merges), ignore_merges)
+            raise TokenizerError(f"{source}: a merge contains a newline character")
+        try:
+            blob_bytes, merge_bytes = blob.encode("utf-8"), merge_blob.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: bytes that were not UTF-8 in a GGUF
+            raise TokenizerError(f"{source}: a token or merge is not valid UTF-8") from None
+        try:
+            self._bpe = _bpe.BPE(blob_bytes, n, bytes(in_vocab), bytes(kinds), merge_bytes, len(merges),
+                                 ignore_merges)
+        except ValueError as exc:  # what the C loader refuses: a merge of unknown tokens, a missing byte
+            raise TokenizerError(f"{source}: {exc}") from None
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, tools=None,
                             **template_kwargs) -> str:
@@ -144,23 +157,33 @@ class Tokenizer:
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod
-    def from_gguf_metadata(cls, md: dict) -> "Tokenizer":
+    def from_gguf_metadata(cls, md: dict, source: str = "GGUF metadata") -> "Tokenizer":
         """From GGUF metadata (key -> value), as Qwen ships the tokenizer: NFC, the Qwen2 split
         pattern, byte-level BPE, and the added tokens with Qwen's own special flags."""
         model, pre = md.get("tokenizer.ggml.model"), md.get("tokenizer.ggml.pre")
         if model != "gpt2":
-            raise NotImplementedError(f"GGUF tokenizer model {model!r}: only byte-level BPE ('gpt2')")
+            raise UnsupportedTokenizer(f"{source}: GGUF tokenizer model {model!r}: only byte-level BPE "
+                                       "('gpt2')"[:300])
         if pre != "qwen2":
-            raise NotImplementedError(f"GGUF pre-tokenizer {pre!r}: only Qwen's ('qwen2') is implemented")
+            raise UnsupportedTokenizer(f"{source}: GGUF pre-tokenizer {pre!r}: only Qwen's ('qwen2') is "
+                                       "implemented"[:300])
         for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
             if key not in md:
-                raise ValueError(f"GGUF metadata lacks {key}")
+                raise TokenizerError(f"{source}: GGUF metadata lacks {key}")
+            if not isinstance(md[key], list) or not all(isinstance(t, str) for t in md[key]):
+                raise TokenizerError(f"{source}: {key} is not an array of strings")
         tokens = list(md["tokenizer.ggml.tokens"])
         n = len(tokens)
         types = md.get("tokenizer.ggml.token_type")
-        types = np.full(n, GGUF_NORMAL, np.int64) if types is None else np.asarray(types).astype(np.int64)
+        if types is None:
+            types = np.full(n, GGUF_NORMAL, np.int64)
+        elif not isinstance(types, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                    and 0 <= t < 2**31 for t in types):
+            raise TokenizerError(f"{source}: tokenizer.ggml.token_type is not an array of token types")
+        else:
+            types = np.asarray(types, dtype=np.int64).reshape(-1)
         if types.shape != (n,):
-            raise ValueError("tokenizer.ggml.token_type does not have one entry per token")
+            raise TokenizerError(f"{source}: tokenizer.ggml.token_type does not have one entry per token")
         if md.get("tokenizer.ggml.token_type") is None:  # no types: recognise Qwen's added tokens
             for i, t in enumerate(tokens):
                 if t in QWEN_SPECIAL or t in QWEN_NON_SPECIAL:
@@ -174,18 +197,20 @@ class Tokenizer:
             content = tokens[i]
             special = types[i] == GGUF_CONTROL and content not in QWEN_NON_SPECIAL
             added.append((content, i, bool(special), False))
-        eos = md.get("tokenizer.ggml.eos_token_id")
-        pad = md.get("tokenizer.ggml.padding_token_id")
+        ids = {}
+        for name in ("eos", "padding"):
+            value = md.get(f"tokenizer.ggml.{name}_token_id")
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < n):
+                raise TokenizerError(f"{source}: tokenizer.ggml.{name}_token_id {value!r} is not a token id"[:300])
+            ids[name] = value
         return cls(tokens, in_vocab.astype(np.uint8).tobytes(), list(md["tokenizer.ggml.merges"]), added,
-                   nfc=True, eos_token_id=None if eos is None else int(eos),
-                   pad_token_id=None if pad is None else int(pad))
+                   nfc=True, eos_token_id=ids["eos"], pad_token_id=ids["padding"], source=source)
 
     @classmethod
     def from_file(cls, path) -> "Tokenizer":
-        """From a HuggingFace tokenizer.json. Pipelines other than Qwen's raise NotImplementedError."""
-        with open(path, encoding="utf-8") as f:
-            spec = json.load(f)
-        return cls._from_spec(spec)
+        """From a HuggingFace tokenizer.json. Pipelines other than Qwen's raise UnsupportedTokenizer
+        (a NotImplementedError); a malformed file raises TokenizerError."""
+        return cls._from_spec(read_json(path, TokenizerError), source=str(path))
 
     @classmethod
     def from_dir(cls, model_dir) -> Optional["Tokenizer"]:
@@ -196,8 +221,7 @@ class Tokenizer:
         tok = cls.from_file(path)
         config_path = os.path.join(model_dir, "tokenizer_config.json")
         if os.path.isfile(config_path):
-            with open(config_path, encoding="utf-8") as f:
-                config = json.load(f)
+            config = read_json(config_path, TokenizerError)
             tok.eos_token_id = tok._config_token_id(config.get("eos_token"))
             tok.pad_token_id = tok._config_token_id(config.get("pad_token"))
         return tok
@@ -208,37 +232,66 @@ class Tokenizer:
         return self.token_to_id(entry) if isinstance(entry, str) else None
 
     @classmethod
-    def _from_spec(cls, spec: dict) -> "Tokenizer":
-        nfc = _check_normalizer(spec.get("normalizer"))
-        _check_pre_tokenizer(spec.get("pre_tokenizer"))
+    def _from_spec(cls, spec: dict, source: str = "tokenizer.json") -> "Tokenizer":
+        if not isinstance(spec, dict):
+            raise TokenizerError(f"{source}: expected a JSON object")
+        for key in ("normalizer", "pre_tokenizer", "decoder", "post_processor", "model"):
+            if spec.get(key) is not None and not isinstance(spec[key], dict):
+                raise TokenizerError(f"{source}: '{key}' must be an object, got {spec[key]!r}"[:300])
+        nfc = _check_normalizer(spec.get("normalizer"), source)
+        _check_pre_tokenizer(spec.get("pre_tokenizer"), source)
         decoder = spec.get("decoder")
         if not decoder or decoder.get("type") != "ByteLevel":
-            raise NotImplementedError(f"decoder {decoder!r}: only ByteLevel is implemented")
+            raise UnsupportedTokenizer(f"{source}: decoder {decoder!r}: only ByteLevel is implemented"[:300])
         post = spec.get("post_processor")
         if post is not None and post.get("type") != "ByteLevel":
-            raise NotImplementedError(f"post-processor {post.get('type')!r}: only none or ByteLevel")
+            raise UnsupportedTokenizer(f"{source}: post-processor {post.get('type')!r}: only none or "
+                                       "ByteLevel"[:300])
         if spec.get("truncation"):
-            raise NotImplementedError("truncation is not implemented")
+            raise UnsupportedTokenizer(f"{source}: truncation is not implemented")
         model = spec.get("model") or {}
-        _check_model(model)
+        _check_model(model, source)
 
-        vocab, added_specs = model["vocab"], spec.get("added_tokens") or []
-        n = 1 + max(max(vocab.values(), default=-1), max((a["id"] for a in added_specs), default=-1))
-        tokens, in_vocab = [None] * n, bytearray(n)
+        vocab, added_specs = model.get("vocab"), spec.get("added_tokens")
+        added_specs = [] if added_specs is None else added_specs
+        if not isinstance(vocab, dict) or not vocab:
+            raise TokenizerError(f"{source}: model.vocab must be a non-empty object of token -> id")
+        if not isinstance(added_specs, list):
+            raise TokenizerError(f"{source}: added_tokens must be an array")
         for t, i in vocab.items():
-            tokens[i] = t
-            in_vocab[i] = 1
+            if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+                raise TokenizerError(f"{source}: vocabulary token {t!r} has id {i!r}, not an id"[:300])
         added = []
         for a in added_specs:
+            if not (isinstance(a, dict) and isinstance(a.get("content"), str) and isinstance(a.get("id"), int)
+                    and not isinstance(a.get("id"), bool) and a["id"] >= 0):
+                raise TokenizerError(f"{source}: added token {a!r} needs a string 'content' and an id"[:300])
             for option in ("lstrip", "rstrip", "single_word"):
                 if a.get(option):
-                    raise NotImplementedError(f"added token {a['content']!r} uses {option}")
+                    raise UnsupportedTokenizer(f"{source}: added token {a['content']!r} uses {option}"[:300])
             added.append((a["content"], a["id"], bool(a.get("special")), bool(a.get("normalized"))))
+        entries = len(vocab) + len(added)
+        n = 1 + max(max(vocab.values()), max((a[1] for a in added), default=-1))
+        # Ids may leave gaps, but an id far past the entries would only allocate: refuse it.
+        if n > 2 * entries + 1024:
+            raise TokenizerError(f"{source}: token ids run to {n - 1} for {entries} tokens")
+        tokens, in_vocab = [None] * n, bytearray(n)
+        for t, i in vocab.items():
+            if tokens[i] is not None:
+                raise TokenizerError(f"{source}: id {i} belongs to two tokens, {tokens[i]!r} and {t!r}"[:300])
+            tokens[i] = t
+            in_vocab[i] = 1
         merges = model.get("merges") or []
+        if not isinstance(merges, list):
+            raise TokenizerError(f"{source}: model.merges must be an array")
         if merges and not isinstance(merges[0], str):
+            if not all(isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m) for m in merges):
+                raise TokenizerError(f"{source}: model.merges must be strings or pairs of strings")
             merges = [f"{a} {b}" for a, b in merges]
+        elif not all(isinstance(m, str) for m in merges):
+            raise TokenizerError(f"{source}: model.merges must be strings or pairs of strings")
         return cls(tokens, bytes(in_vocab), merges, added, nfc=nfc,
-                   ignore_merges=bool(model.get("ignore_merges")))
+                   ignore_merges=bool(model.get("ignore_merges")), source=source)
 
     # ---- encoding ----------------------------------------------------------------------------
     def encode(self, text: str, allow_special: bool = True) -> list:
@@ -323,6 +376,11 @@ class Tokenizer:
         return self._vocab_size
 
     @property
+    def id_count(self) -> int:
+        """One past the largest id (ids that are no token included): the embedding rows it needs."""
+        return len(self._tokens)
+
+    @property
     def special_ids(self) -> frozenset:
         return frozenset(self._special_ids)
 
@@ -333,22 +391,26 @@ class Tokenizer:
 
 
 # ---- tokenizer.json checks: refuse what is not implemented rather than tokenize wrong ---------
-def _check_normalizer(spec) -> bool:
-    """True for NFC, False for none; NotImplementedError for anything else."""
+def _check_normalizer(spec, source="tokenizer.json", depth=0) -> bool:
+    """True for NFC, False for none; UnsupportedTokenizer for anything else."""
     if spec is None:
         return False
+    if not isinstance(spec, dict) or depth > 8:
+        raise TokenizerError(f"{source}: malformed normalizer {spec!r}"[:300])
     kind = spec.get("type")
     if kind == "NFC":
         return True
     if kind == "Sequence":
-        parts = [_check_normalizer(s) for s in spec.get("normalizers", [])]
-        return any(parts)
-    raise NotImplementedError(f"normalizer {kind!r}: only NFC (or none) is implemented")
+        parts = spec.get("normalizers", [])
+        if not isinstance(parts, list):
+            raise TokenizerError(f"{source}: normalizer Sequence needs a list of normalizers")
+        return any([_check_normalizer(s, source, depth + 1) for s in parts])
+    raise UnsupportedTokenizer(f"{source}: normalizer {kind!r}: only NFC (or none) is implemented"[:300])
 
 
-def _check_pre_tokenizer(spec):
-    parts = spec.get("pretokenizers") if spec and spec.get("type") == "Sequence" else None
-    ok = parts is not None and len(parts) == 2
+def _check_pre_tokenizer(spec, source="tokenizer.json"):
+    parts = spec.get("pretokenizers") if isinstance(spec, dict) and spec.get("type") == "Sequence" else None
+    ok = isinstance(parts, list) and len(parts) == 2 and all(isinstance(p, dict) for p in parts)
     if ok:
         split, byte_level = parts
         ok = (split.get("type") == "Split" and split.get("pattern") == {"Regex": QWEN2_PATTERN}
@@ -356,15 +418,16 @@ def _check_pre_tokenizer(spec):
               and byte_level.get("type") == "ByteLevel" and not byte_level.get("add_prefix_space")
               and not byte_level.get("use_regex"))
     if not ok:
-        raise NotImplementedError("pre-tokenizer: only Qwen's Sequence[Split(QWEN2_PATTERN, Isolated), "
-                                  f"ByteLevel(add_prefix_space=False, use_regex=False)] is implemented, got {spec!r}"[:400])
+        raise UnsupportedTokenizer(f"{source}: pre-tokenizer: only Qwen's Sequence[Split(QWEN2_PATTERN, "
+                                   "Isolated), ByteLevel(add_prefix_space=False, use_regex=False)] is "
+                                   f"implemented, got {spec!r}"[:400])
 
 
-def _check_model(model: dict):
+def _check_model(model: dict, source="tokenizer.json"):
     if model.get("type") != "BPE":
-        raise NotImplementedError(f"model {model.get('type')!r}: only BPE is implemented")
+        raise UnsupportedTokenizer(f"{source}: model {model.get('type')!r}: only BPE is implemented"[:300])
     if model.get("dropout"):
-        raise NotImplementedError("BPE dropout is not implemented")
+        raise UnsupportedTokenizer(f"{source}: BPE dropout is not implemented")
     for option in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(option):
-            raise NotImplementedError(f"BPE {option} is not implemented")
+            raise UnsupportedTokenizer(f"{source}: BPE {option} is not implemented")
