@@ -135,7 +135,7 @@ def test_logits_do_not_depend_on_the_batch(type_name, activations):
 
 
 @pytest.mark.parametrize("activations", ["f32", "int16", "int8"])
-def test_demo_model_engine_equals_alone(demo_gguf, activations):
+def test_real_model_engine_equals_alone(demo_gguf, activations):
     model = qwenc.load(demo_gguf, context=1024, activations=activations)
     prompts = ["def fib(n):", "The capital of France is", "import numpy as np\n", "# quicksort\n",
                "SELECT name FROM", "Once upon a time,", "fn main() {", "<!DOCTYPE html>",

@@ -407,7 +407,7 @@ def test_generation_cancel_stops_a_long_prefill_between_chunks(model):
     t.cancel()
 
 
-def test_cli_gen_ctrl_c_during_a_long_prefill_exits_within_a_second(demo_gguf, tmp_path):
+def test_real_model_cli_gen_ctrl_c_during_a_long_prefill_exits_within_a_second(demo_gguf, tmp_path):
     """The real model's prefill runs in chunks of 512 tokens of several seconds each, every chunk
     one C call: Ctrl-C must not wait for the chunk to end."""
     import os

@@ -82,7 +82,7 @@ def test_parse_with_a_pydantic_class(client, live, seed):
     assert isinstance(person, Person) and re.fullmatch(r"[a-z]{1,8}@[a-z]{1,8}\.(com|org)", person.email)
 
 
-def test_json_object_mode_on_the_demo_model(demo_gguf):
+def test_real_model_json_object_mode(demo_gguf):
     model = qwenc.load(demo_gguf, context=1024)
     srv = LiveServer(model, max_batch=2, kv_memory="64MiB")
     try:
@@ -176,7 +176,7 @@ def test_tool_choice_none_never_calls(client, live):
     assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason != "tool_calls"
 
 
-def test_tool_round_trip_on_the_demo_model(demo_gguf):
+def test_real_model_tool_round_trip(demo_gguf):
     """The model calls a function, the test returns its result, the model answers with it."""
     model = qwenc.load(demo_gguf, context=2048)
     srv = LiveServer(model, max_batch=2, kv_memory="128MiB")

@@ -3,7 +3,7 @@
 import soak
 
 
-def test_soak_30s(demo_gguf, capsys):
+def test_real_model_soak_30s(demo_gguf, capsys):
     code = soak.main(["--model", demo_gguf, "--duration", "30", "--clients", "16", "--max-rss-growth-mb", "64"])
     out = capsys.readouterr().out
     print(out)
