@@ -26,7 +26,7 @@ from .. import _ops
 from .._ops import ACTIVATIONS
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..formats.config import ModelConfig
-from .weights import Layer, Linear, Weights
+from .weights import Layer, Weights
 
 BLOCK_SIZE = 16       # token positions per KV block
 PREFILL_CHUNK = 512   # prompt tokens per step in Transformer.forward: bounds activation memory
@@ -167,6 +167,8 @@ class Transformer:
         self.inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
         self.scale = float(1.0 / np.sqrt(hd))
         self._workspaces = {}
+        if self._act:  # the integer modes run on row-interleaved copies of the quantized weights
+            weights.repack()
 
     def _workspace(self, T: int) -> Workspace:
         ws = self._workspaces.get(T)
@@ -262,7 +264,7 @@ class Transformer:
             rows = np.asarray(wanted, dtype=np.int64)
             h = np.empty((len(rows), cfg.hidden_size), np.float32)
             _ops.rmsnorm(np.ascontiguousarray(ws.x[rows]), w.norm, cfg.rms_norm_eps, h)
-            Linear(w.lm_head)(h, logits, self._act)
+            w.head(h, logits, self._act)
         return logits
 
     @staticmethod
