@@ -396,6 +396,7 @@ PLAIN_TYPE(QW_Q6_K)
 qw_r8_fn qw_r8_kernel(int dtype, int bits) {
     if (bits != 8 && bits != 16) return NULL;
 #if QW_HAVE_X86
+    if (qw_use_avx512()) return qw_r8_kernel_avx512(dtype, bits);
     if (qw_use_avx2()) return qw_r8_kernel_avx2(dtype, bits);
 #endif
 #define CASE(T) case T: return bits == 16 ? plain_##T##_16 : plain_##T##_8;

@@ -31,8 +31,10 @@ void qw_fdot_rows_avx2(int dtype, const uint8_t *w, size_t stride, int rows, con
 #define QW_R8_MAX_M 16
 typedef void (*qw_r8_fn)(const uint8_t *group, int64_t K, const uint8_t *xq, size_t xstride, int64_t M, float *out);
 
-/* intdot_avx2.c: the AVX2 products per stored type and act bits (NULL for other types). */
+/* intdot_avx2.c, intdot_avx512.c: the AVX2 and AVX-512 VNNI products per stored type and act
+ * bits (NULL for other types; the AVX-512 ones give the AVX2 ones' bits). */
 qw_r8_fn qw_r8_kernel_avx2(int dtype, int bits);
+qw_r8_fn qw_r8_kernel_avx512(int dtype, int bits);
 
 /* intdot.c: the kernel for `dtype` (a stored type with an integer dot) on the current SIMD
  * setting, and the group layout's size. */
