@@ -82,6 +82,13 @@ def test_activation_modes(bf16_model):
         assert 0 < errs[mode] < tol, (mode, errs[mode])
         np.testing.assert_array_equal(model.logits(ids, all_positions=True), got)
     assert errs["int16"] * 20 < errs["int8"], errs
+    # the int modes run on repacked copies; a re-encoded (in-memory) original is not kept beside one
+    w = qwenc.load(path, dtype="q8_0", activations="int8").weights
+    for lin in w.linears():
+        assert lin.packed is not None and lin.packed.dtype == 256 + 8
+        tied = lin is w.head and w.lm_head is w.embed
+        assert (lin.weight is lin.packed) != tied
+    assert all(lin.packed is None for lin in exact.weights.linears())  # f32 keeps the stored layout
     # BF16 weights: no integer path, so every mode computes the same thing
     a = decode_logits(qwenc.load(path))
     np.testing.assert_array_equal(decode_logits(qwenc.load(path, activations="int8")), a)

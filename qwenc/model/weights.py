@@ -43,13 +43,17 @@ class Linear:
         w = self._matrix()
         return (w.data, w.dtype, w.shape[0], out, self.bias)
 
-    def repack(self) -> bool:
-        """Add the row-interleaved copy of a block-quantized W (once); False for other types."""
+    def repack(self, tied: bool = False) -> bool:
+        """Add the row-interleaved copy of a block-quantized W (once); False for other types.
+        `tied`: W is also the embedding table, whose rows the lookup reads as stored."""
         w = self.weight
         if self.packed is None and _ops.r8_of(w.dtype):
             data, code = _ops.repack(w.data.reshape(-1), w.dtype, w.shape[0], w.shape[1])
             self.packed = Tensor(w.name, code, w.shape, data, w.source)
-            _release_pages(w.data)
+            if not _release_pages(w.data) and not tied:
+                # an in-memory original (re-encoded at load): keeping both would hold the weights
+                # twice; the repacked copy has the same values in every mode
+                self.weight = self.packed
         return self.packed is not None
 
 
@@ -110,7 +114,7 @@ class Weights:
         Linear keeps its original Tensor too (a tied head's is the embedding, whose rows the
         lookup reads)."""
         for lin in self.linears():
-            lin.repack()
+            lin.repack(tied=lin is self.head and self.lm_head is self.embed)
 
     def get(self, name, shape) -> Tensor:
         t = self.tensors.get(name)
@@ -139,15 +143,15 @@ class Weights:
 def _release_pages(data: np.ndarray):
     """Let the OS drop this process's pages of a read-only file mapping that `data` views (after
     it was copied elsewhere): they are clean, so a later read just maps them in again. Keeps the
-    resident size at about one copy of the weights while they are repacked. Nothing happens for
-    data that is not a view of an mmap."""
+    resident size at about one copy of the weights while they are repacked. Returns False (and
+    does nothing) for data that is not a view of an mmap."""
     root, base = data, data.base
     while isinstance(base, np.ndarray):
         root, base = base, base.base
     if isinstance(base, memoryview):  # np.frombuffer(mmap) keeps a memoryview of it
         base = base.obj
     if not isinstance(base, mmap.mmap) or not hasattr(base, "madvise"):
-        return
+        return False
     start = data.__array_interface__["data"][0] - root.__array_interface__["data"][0]
     page = mmap.PAGESIZE
     first, last = -(-start // page) * page, (start + data.nbytes) // page * page  # whole pages inside
@@ -156,6 +160,7 @@ def _release_pages(data: np.ndarray):
             base.madvise(mmap.MADV_DONTNEED, first, last - first)
         except (OSError, ValueError):
             pass
+    return True
 
 
 # ---------------------------------------------------------------- weight type conversion
