@@ -55,12 +55,12 @@ def commit():
         return "?"
 
 
-def run_vs_llama(model, threads, repeats, prompts, gen):
+def run_vs_llama(model, threads, repeats, prompts, gen, max_foreign):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     cmd = [sys.executable, str(ROOT / "bench" / "bench_vs_llamacpp.py"), "--model", model, "--threads", str(threads),
            "--repeats", str(repeats), "--prompt", ",".join(map(str, prompts)), "--gen", str(gen),
-           "--activations", "f32,int16,int8", "--json", out]
+           "--activations", "f32,int16,int8", "--json", out, "--max-foreign", str(max_foreign)]
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, stdout=sys.stderr)
     return json.loads(Path(out).read_text())
@@ -111,6 +111,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     ap.add_argument("--readme", action="store_true", help="also replace the table in README.md")
+    ap.add_argument("--max-foreign", type=float, default=0.15,
+                    help="bench_vs_llamacpp.py's limit on other processes' CPU share during a run (1 = off)")
     ap.add_argument("--quick", action="store_true", help="prompt 128 only, 32 decode steps, 1 repeat (a smoke run)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -124,9 +126,11 @@ def main():
     lines = [f"Measured {datetime.date.today().isoformat()} on {cpu_description()}, commit {commit()}, "
              f"{args.threads} threads, load average at start {os.getloadavg()[0]:.2f}. Medians of {repeats} "
              f"interleaved runs (`make bench-compare`); ratios are against llama.cpp in the same run.", ""]
+    foreign = []
     for model in models:
-        res = run_vs_llama(model, args.threads, repeats, prompts, gen)
+        res = run_vs_llama(model, args.threads, repeats, prompts, gen, args.max_foreign)
         pre, dec = res["prefill_tok_s"], res["decode_tok_s"]
+        foreign += [x for v in res["foreign_cpu_share"].values() for x in v]
         names = ["qwenc", "qwenc int16", "qwenc int8", "llama.cpp"]
         tf = transformers_speed(model, args.threads, prompts[0], min(gen, 32), max(1, repeats // 2 + 1))
         lines.append(f"**{Path(model).name}** ({Path(model).stat().st_size / 2**20:.0f} MiB, "
@@ -147,6 +151,9 @@ def main():
                 label = f"prefill {p}" if kind == "prefill" else f"decode @{p}"
                 lines.append(f"| {label} | " + " | ".join(cells) + f" | {llama:.1f} | {tcell} |")
         lines.append("")
+    lines.append(f"Other processes used a median {100 * statistics.median(foreign):.0f}% of the CPUs during the "
+                 f"kept runs (max {100 * max(foreign):.0f}%).")
+    lines.append("")
     lines.append(f"Batched decode on {Path(models[0]).name} (B sequences, one step each token; "
                  f"tok/s and the ratio to B = 1):")
     lines.append("")

@@ -57,8 +57,8 @@ def test_dtype_rejected(bf16_model):
 
 
 def test_activation_modes(bf16_model):
-    """Decode's activation modes on block-quantized weights (q8_0 re-encoding): f32 is the
-    default; int16 stays within ~1e-5 of it, int8 within ~1e-2, and both really differ from it
+    """The activation modes on block-quantized weights (q8_0 re-encoding): int16 is the
+    default; it stays within ~1e-5 of f32, int8 within ~1e-2, and both really differ from it
     (the integer paths run). In every mode a prefill's rows get the arithmetic of decode's: its
     logits are the token-by-token ones, bit for bit. Float weights ignore the setting."""
     path, _ = bf16_model
@@ -68,7 +68,8 @@ def test_activation_modes(bf16_model):
         seq = model.new_sequence()
         return np.stack([np.asarray(model.forward(seq, [t])).reshape(-1) for t in ids])
 
-    exact = qwenc.load(path, dtype="q8_0")
+    assert qwenc.load(path, dtype="q8_0").activations == "int16"  # the default
+    exact = qwenc.load(path, dtype="q8_0", activations="f32")
     assert exact.activations == "f32"
     ref = decode_logits(exact)
     np.testing.assert_array_equal(exact.logits(ids, all_positions=True), ref)
