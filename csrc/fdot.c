@@ -76,6 +76,25 @@ QW_TARGET_AVX2 static void kernel_3x4(const float *X, const float *T, int64_t K,
         for (int j = 0; j < 4; j++) Y[i * ldy + j] = finish_avx2(c[i][j], T + j * K + k, X + i * K + k, K - k);
 }
 
+/* 2 activation rows x 4 weight rows (a tile's last two rows of X): 8 chains. */
+QW_TARGET_AVX2 static void kernel_2x4(const float *X, const float *T, int64_t K, float *Y, int64_t ldy) {
+    const float *x0 = X, *x1 = X + K;
+    __m256 c[2][4];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) c[i][j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 a0 = _mm256_loadu_ps(x0 + k), a1 = _mm256_loadu_ps(x1 + k);
+        for (int j = 0; j < 4; j++) {
+            __m256 w = _mm256_loadu_ps(T + j * K + k);
+            c[0][j] = _mm256_fmadd_ps(w, a0, c[0][j]);
+            c[1][j] = _mm256_fmadd_ps(w, a1, c[1][j]);
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) Y[i * ldy + j] = finish_avx2(c[i][j], T + j * K + k, X + i * K + k, K - k);
+}
+
 /* 1 activation row x 4 weight rows (decode): 4 independent chains share each x load. */
 QW_TARGET_AVX2 static void kernel_1x4(const float *x, const float *T, int64_t K, float *y) {
     __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
@@ -115,6 +134,13 @@ QW_TARGET_AVX2 static void tile_avx2(const float *T, int64_t nb, int64_t K, cons
         int64_t j = 0;
         for (; j + 4 <= nb; j += 4) kernel_3x4(X + m * K, T + j * K, K, Y + m * ldy + j, ldy);
         for (; j < nb; j++) kernel_3x1(X + m * K, T + j * K, K, Y + m * ldy + j, ldy);
+    }
+    if (m + 2 == M) {
+        int64_t j = 0;
+        for (; j + 4 <= nb; j += 4) kernel_2x4(X + m * K, T + j * K, K, Y + m * ldy + j, ldy);
+        for (; j < nb; j++)
+            for (int64_t i = m; i < M; i++) Y[i * ldy + j] = fdot_avx2(T + j * K, X + i * K, K);
+        return;
     }
     for (; m < M; m++) {
         int64_t j = 0;

@@ -13,7 +13,7 @@
  * result: each output is one fdot.h dot product whatever the tiling. */
 #define TILE_BYTES (192 * 1024)
 #define TILE_BYTES_SMALL (24 * 1024)
-#define SMALL_M 4
+#define SMALL_M 2
 /* Rows per work item of the integer path (4 repacked groups of 8); activation rows go past
  * each group QW_R8_MAX_M at a time. */
 #define ROW_CHUNK 32
