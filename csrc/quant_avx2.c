@@ -313,6 +313,29 @@ QW_TARGET_AVX2 INLINE void block_values(const int T, const uint8_t *row, int64_t
     }
 }
 
+/* Q4_K / Q5_K: the 64 values of sub-blocks 2c and 2c + 1 of super-block i (v[0..4) and
+ * v[4..8)), from one widening of their 32 shared code bytes. */
+QW_TARGET_AVX2 INLINE void kquant_pair_values(const int T, const uint8_t *row, int64_t i, int c, const float *dl,
+                                              const float *ml, __m256 v[8]) {
+    const uint8_t *b = row + (size_t)i * (T == QW_Q4_K ? 144 : 176);
+    const uint8_t *qs = b + (T == QW_Q4_K ? 16 : 48) + 32 * c;
+    const __m256i low4 = _mm256_set1_epi32(0x0F), one = _mm256_set1_epi32(1);
+    __m256 d0 = _mm256_set1_ps(dl[2 * c]), m0 = _mm256_set1_ps(-ml[2 * c]);
+    __m256 d1 = _mm256_set1_ps(dl[2 * c + 1]), m1 = _mm256_set1_ps(-ml[2 * c + 1]);
+    for (int g = 0; g < 4; g++) {
+        __m256i w = u8x8_epi32(qs + 8 * g);
+        __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_srli_epi32(w, 4);
+        if (T == QW_Q5_K) {
+            __m256i h = _mm256_srl_epi32(u8x8_epi32(b + 16 + 8 * g), _mm_cvtsi32_si128(2 * c));
+            lo = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(h, one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 1), one), 4));
+        }
+        /* - ml as + (-ml), as the dequantizer */
+        v[g] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(lo), d0), m0);
+        v[4 + g] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(hi), d1), m1);
+    }
+}
+
 /* A k-quant super-block's per-sub-block scales as the dequantizer forms them. */
 QW_TARGET_AVX2 INLINE void super_scales(const int T, const uint8_t *row, int64_t i, float *dl, float *ml) {
     if (T == QW_Q6_K) { /* d * sc per 16 values */
@@ -343,9 +366,24 @@ QW_TARGET_AVX2 INLINE void frows(const int T, const int ROWS, const uint8_t *w, 
     for (int64_t i = 0; i < K / bs; i++) {
         /* The ROWS rows are ROWS short streams the hardware prefetchers cannot get ahead of: fetch
          * the same place of the next ROWS rows meanwhile (a hint: past the matrix it is dropped). */
-        for (int r = 0; r < ROWS; r++) _mm_prefetch((const char *)(w + (r + ROWS) * stride + (size_t)i * bb), _MM_HINT_T0);
+        for (int r = 0; r < ROWS; r++)
+            for (int off = 0; off < bb; off += 64)
+                _mm_prefetch((const char *)(w + (r + ROWS) * stride + (size_t)i * bb + off), _MM_HINT_T0);
         if (kq)
             for (int r = 0; r < ROWS; r++) super_scales(T, w + r * stride, i, dl[r], ml[r]);
+        if (T == QW_Q4_K || T == QW_Q5_K) { /* sub-blocks 2c and 2c + 1 share their 32 code bytes */
+            for (int c = 0; c < 4; c++) {
+                const float *xb = x + i * bs + 64 * c;
+                __m256 xv[8];
+                for (int k = 0; k < 8; k++) xv[k] = _mm256_loadu_ps(xb + 8 * k);
+                for (int r = 0; r < ROWS; r++) {
+                    __m256 v[8];
+                    kquant_pair_values(T, w + r * stride, i, c, dl[r], ml[r], v);
+                    for (int k = 0; k < 8; k++) a[r] = _mm256_fmadd_ps(v[k], xv[k], a[r]);
+                }
+            }
+            continue;
+        }
         for (int j = 0; j < bs / 32; j++) {
             const float *xb = x + i * bs + 32 * j;
             __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
@@ -376,7 +414,7 @@ QW_TARGET_AVX2 INLINE void frows_float(const int T, const int ROWS, const uint8_
     for (int r = 0; r < ROWS; r++) a[r] = _mm256_loadu_ps(acc[r].lane);
     const int es = T == QW_F32 ? 4 : 2;
     for (int64_t k = 0; k < K8; k += 8) {
-        if (k % 32 == 0)
+        if ((k * es) % 64 == 0) /* a line of every next row per 64 bytes of this one */
             for (int r = 0; r < ROWS; r++) _mm_prefetch((const char *)(w + (r + ROWS) * stride + (size_t)k * es), _MM_HINT_T0);
         __m256 xv = _mm256_loadu_ps(x + k);
         for (int r = 0; r < ROWS; r++) a[r] = _mm256_fmadd_ps(float_values(T, w + r * stride, k), xv, a[r]);
