@@ -1,7 +1,7 @@
 PYTHON ?= python3
 CC ?= cc
 
-.PHONY: build test test-fast test-asan fuzz bench soak clean
+.PHONY: build test test-fast test-asan fuzz bench bench-compare soak clean
 
 # Compile the C/Cython kernels next to the sources (pip install . does the same into site-packages).
 build:
@@ -49,6 +49,12 @@ soak: build
 
 bench: build
 	$(PYTHON) bench/bench_decode.py
+
+# qwenc's modes vs llama.cpp and transformers on the demo model and, when BENCH_MODELS names it,
+# the 1.5B GGUF too; writes bench/RESULTS.md and the README's table (needs llama-cpp-python).
+BENCH_MODELS ?= demo
+bench-compare: build
+	$(PYTHON) bench/bench_compare.py --models $(BENCH_MODELS) --readme
 
 clean:
 	rm -rf build qwenc/*.so qwenc/_*.c *.egg-info

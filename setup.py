@@ -17,10 +17,16 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+# The weight types and the matrix products: block formats and their plain reference (quant.c),
+# their AVX2 dequantizers, the integer path's activation rows, its repacked layouts with their
+# plain, AVX2 and AVX-512 VNNI products, the float dot, and the products' driver.
+KERNELS = ["csrc/cpu.c", "csrc/quant.c", "csrc/quant_avx2.c", "csrc/act.c", "csrc/intdot.c", "csrc/intdot_avx2.c",
+           "csrc/intdot_avx512.c", "csrc/fdot.c", "csrc/matmul.c"]
+
 # Each Python-visible module and the C files it wraps.
 MODULES = {
-    "qwenc._ops": ["csrc/cpu.c", "csrc/quant.c", "csrc/fdot.c", "csrc/matmul.c", "csrc/ops.c", "csrc/attention.c", "csrc/sample.c"],
-    "qwenc._quant": ["csrc/cpu.c", "csrc/quant.c", "csrc/fdot.c"],
+    "qwenc._ops": KERNELS + ["csrc/ops.c", "csrc/attention.c", "csrc/sample.c"],
+    "qwenc._quant": KERNELS,
     "qwenc._bpe": ["csrc/bpe.c"],
 }
 

@@ -218,58 +218,50 @@ def _timed(acc, key, fn, *a):
     return r
 
 
-def instrumented_step(model, seq, token, acc):
-    """One decode step doing exactly what Model._forward does for one token, with every kernel
-    call and numpy operation timed into acc[name]. Returns the greedy next token."""
-    from qwenc import _ops
+def _type_name(code):
     from qwenc.formats.tensors import DTYPE_NAMES
-    cfg, w = model.config, model.weights
-    hd, eps = cfg.head_dim, cfg.rms_norm_eps
-    ws = model._workspace(1)
-    start = len(seq)
-    pos = np.arange(start, start + 1, dtype=np.int64)
+    return DTYPE_NAMES.get(code % 256, str(code)) + ("/R8" if code >= 256 else "")
 
-    def lin(role, layer_lin, x, out):
-        t = layer_lin.weight
-        _timed(acc, f"matmul {role:7s} {DTYPE_NAMES[t.dtype]} {t.shape[0]}x{t.shape[1]}", layer_lin, x, out)
 
-    _timed(acc, "embed", _ops.embed, w.embed.data, w.embed.dtype, cfg.vocab_size, cfg.hidden_size,
-           np.asarray([token], dtype=np.int32), ws.x)
-    for li, layer in enumerate(w.layers):
-        _timed(acc, "rmsnorm", _ops.rmsnorm, ws.x, layer.attn_norm, eps, ws.h)
-        lin("q", layer.q, ws.h, ws.q)
-        lin("k", layer.k, ws.h, ws.k)
-        lin("v", layer.v, ws.h, ws.v)
-        q = ws.q.reshape(1, cfg.num_heads, hd)
-        k = ws.k.reshape(1, cfg.num_kv_heads, hd)
-        v = ws.v.reshape(1, cfg.num_kv_heads, hd)
-        attn = ws.attn.reshape(1, cfg.num_heads, hd)
-        if layer.q_norm is not None:
-            _timed(acc, "rmsnorm", _ops.rmsnorm, ws.q.reshape(-1, hd), layer.q_norm, eps, ws.q.reshape(-1, hd))
-            _timed(acc, "rmsnorm", _ops.rmsnorm, ws.k.reshape(-1, hd), layer.k_norm, eps, ws.k.reshape(-1, hd))
-        _timed(acc, "rope", _ops.rope, q, pos, model.inv_freq)
-        _timed(acc, "rope", _ops.rope, k, pos, model.inv_freq)
+class _TimedOps:
+    """Stands in for qwenc._ops in the forward pass: every kernel call timed into acc, matrix
+    products by type and shape."""
+
+    def __init__(self, ops, acc):
+        self._ops, self._acc = ops, acc
+
+    def __getattr__(self, name):
+        f = getattr(self._ops, name)
+        if not callable(f):
+            return f
+
+        def timed(*a, **k):
+            if name == "matmul":
+                key = f"matmul {_type_name(a[1])} {a[2]}x{a[3]}"
+            elif name == "matmul_group":
+                key = "matmul group " + " + ".join(f"{_type_name(p[1])} {p[2]}" for p in a[0]) + f" x{a[1].shape[1]}"
+            else:
+                key = name
+            return _timed(self._acc, key, f, *a, **k)
+        return timed
+
+
+def instrumented_step(model, seq, token, acc):
+    """One decode step (model.forward of one token, then argmax) with every kernel call the
+    forward pass makes timed into acc[name]; the rest of the step is Python. Returns the greedy
+    next token."""
+    import qwenc.model.forward as fwd
+    import qwenc.model.weights as wmod
+    from qwenc import _ops
+    proxy = _TimedOps(_ops, acc)
+    fwd._ops = wmod._ops = proxy
+    try:
         t = time.perf_counter()
-        seq.k[li][:, start:start + 1, :] = k.transpose(1, 0, 2)
-        seq.v[li][:, start:start + 1, :] = v.transpose(1, 0, 2)
-        acc["kv store (numpy)"] = acc.get("kv store (numpy)", 0.0) + time.perf_counter() - t
-        _timed(acc, "attention", _ops.attention, q, seq.k[li], seq.v[li], start, model.scale, attn)
-        lin("o", layer.o, ws.attn, ws.o)
-        _timed(acc, "residual add (numpy)", ws.x.__iadd__, ws.o)
-        _timed(acc, "rmsnorm", _ops.rmsnorm, ws.x, layer.mlp_norm, eps, ws.h)
-        lin("gate", layer.gate, ws.h, ws.gate)
-        lin("up", layer.up, ws.h, ws.up)
-        g = ws.gate.reshape(-1)
-        _timed(acc, "silu_mul", _ops.silu_mul, g, ws.up.reshape(-1), g)
-        lin("down", layer.down, ws.gate, ws.o)
-        _timed(acc, "residual add (numpy)", ws.x.__iadd__, ws.o)
-    seq.tokens.append(token)
-    h = np.empty((1, cfg.hidden_size), np.float32)
-    _timed(acc, "rmsnorm", _ops.rmsnorm, np.ascontiguousarray(ws.x[[0]]), w.norm, eps, h)
-    logits = _timed(acc, "logits buffer (np.empty)", np.empty, (1, cfg.vocab_size), np.float32)
-    from qwenc.model import Linear
-    lin("lm_head", Linear(w.lm_head), h, logits)
-    return int(_timed(acc, "argmax (numpy)", np.argmax, logits[0]))
+        logits = model.forward(seq, [token])
+        acc["whole step"] = acc.get("whole step", 0.0) + time.perf_counter() - t
+    finally:
+        fwd._ops = wmod._ops = _ops
+    return int(_timed(acc, "argmax (numpy)", np.argmax, logits))
 
 
 def tiny_model(cfg, threads):
@@ -330,7 +322,6 @@ def matmul_rates(model, repeats, run):
     coming from DRAM (caches flushed before each product) and from cache (the same product run
     again at once), and the bytes involved. `run(fn)` runs one timed pass (see clean_run)."""
     from qwenc.formats.tensors import DTYPE_NAMES
-    from qwenc.model import Linear
     w = model.weights
     fam = {}
     for layer in w.layers:
@@ -339,7 +330,8 @@ def matmul_rates(model, repeats, run):
             t = lin.weight
             fam.setdefault(f"matmul {role:7s} {DTYPE_NAMES[t.dtype]} {t.shape[0]}x{t.shape[1]}", []).append(lin)
     t = w.lm_head
-    fam[f"matmul {'lm_head':7s} {DTYPE_NAMES[t.dtype]} {t.shape[0]}x{t.shape[1]}"] = [Linear(t)]
+    fam[f"matmul {'lm_head':7s} {DTYPE_NAMES[t.dtype]} {t.shape[0]}x{t.shape[1]}"] = [w.head]
+    act = model.transformer._act
     buf = np.ones(8 << 20, np.uint64)  # 64 MiB
     out = {}
     for key, lins in fam.items():
@@ -351,34 +343,39 @@ def matmul_rates(model, repeats, run):
             for lin in lins:
                 flush_caches(buf)
                 t0 = time.perf_counter()
-                lin(x, y)
+                lin(x, y, act)
                 t1 = time.perf_counter()
-                lin(x, y)
+                lin(x, y, act)
                 t2 = time.perf_counter()
                 c += t1 - t0
                 h += t2 - t1
             return c, h
 
         passes = [run(one_pass) for _ in range(repeats)]
-        nbytes = sum(lin.weight.data.nbytes for lin in lins)
+        nbytes = sum((lin.packed if lin.packed is not None else lin.weight).data.nbytes for lin in lins)
         out[key] = (statistics.median(c for c, _ in passes), statistics.median(h for _, h in passes), nbytes, len(lins))
     return out
 
 
 def attention_times(model, contexts, repeats=20):
-    """Seconds per token of the attention kernel over all layers at the given context lengths."""
+    """Seconds per token of the attention kernel over all layers at the given context lengths
+    (one query row over a paged cache of that many positions)."""
     from qwenc import _ops
     cfg = model.config
+    bs = 16
     res = {}
     q = np.random.default_rng(0).standard_normal((1, cfg.num_heads, cfg.head_dim)).astype(np.float32)
     o = np.empty_like(q)
     for n in contexts:
-        K = np.random.default_rng(1).standard_normal((cfg.num_kv_heads, n + 1, cfg.head_dim)).astype(np.float32)
-        V = K.copy()
+        blocks = n // bs + 1
+        Kc = np.random.default_rng(1).standard_normal((blocks, cfg.num_kv_heads, bs, cfg.head_dim)).astype(np.float32)
+        Vc = Kc.copy()
+        table = np.arange(blocks, dtype=np.int32)[None]
+        row_seq, row_pos = np.zeros(1, np.int32), np.array([n], np.int64)
         ts = []
         for _ in range(repeats):
             t = time.perf_counter()
-            _ops.attention(q, K, V, n, model.scale, o)
+            _ops.paged_attention(q, Kc, Vc, table, row_seq, row_pos, model.transformer.scale, o)
             ts.append(time.perf_counter() - t)
         res[n] = statistics.median(ts) * cfg.num_layers
     return res
@@ -426,6 +423,8 @@ def profile(args, model, prompt, gbs, label):
     tiny_m = tiny_model(model.config, args.threads)
     tiny = statistics.median(run(lambda: decode_step_times(tiny_m, tiny_ids, steps * 4)))
     _ops.set_threads(args.threads)
+    whole = acc.pop("whole step")
+    acc["Python and numpy between kernels"] = whole - sum(v for k, v in acc.items() if k != "argmax (numpy)")
     kernels = sum(acc.values())
     print(f"plain decode step   {step * ms:7.2f} ms = {1 / step:5.1f} tok/s (median of {steps}); "
           f"instrumented step sum {kernels * ms:.2f} ms")

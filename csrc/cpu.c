@@ -6,8 +6,8 @@
 #include <omp.h>
 #endif
 
-/* -1: not decided yet; 0: plain C; 1: AVX2 */
-static int simd_enabled = -1;
+/* -1: not decided yet; 0: plain C; 1: AVX2 (+FMA, F16C); 2: AVX2 and AVX-512 (F, BW, VL, VNNI) */
+static int simd_level = -1;
 
 int qw_cpu_has_avx2(void) {
 #if QW_HAVE_X86
@@ -19,18 +19,39 @@ int qw_cpu_has_avx2(void) {
 #endif
 }
 
-int qw_use_avx2(void) {
-    if (simd_enabled < 0) {
-        const char *env = getenv("QWENC_SIMD");
-        int wanted = !(env && strcmp(env, "0") == 0);
-        simd_enabled = wanted && qw_cpu_has_avx2();
-    }
-    return simd_enabled;
+int qw_cpu_has_avx512(void) {
+#if QW_HAVE_X86
+    __builtin_cpu_init();
+    return qw_cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
 }
+
+static int best_level(void) { return qw_cpu_has_avx512() ? 2 : qw_cpu_has_avx2() ? 1 : 0; }
+
+static int level(void) {
+    if (simd_level < 0) {
+        const char *env = getenv("QWENC_SIMD");
+        int best = best_level();
+        if (env && strcmp(env, "0") == 0)
+            simd_level = 0;
+        else if (env && strcmp(env, "avx2") == 0)
+            simd_level = best < 1 ? best : 1;
+        else
+            simd_level = best;
+    }
+    return simd_level;
+}
+
+int qw_use_avx2(void) { return level() >= 1; }
+
+int qw_use_avx512(void) { return level() >= 2; }
 
 int qw_set_simd(int enabled) {
     int prev = qw_use_avx2();
-    simd_enabled = enabled ? qw_cpu_has_avx2() : 0;
+    simd_level = enabled ? best_level() : 0;
     return prev;
 }
 

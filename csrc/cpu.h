@@ -2,8 +2,9 @@
  *
  * Kernels are compiled twice where it pays: a plain C path and an AVX2+FMA+F16C path marked with
  * QW_TARGET_AVX2 (a per-function target attribute, so the wheel carries no -march flag). Each
- * kernel asks qw_use_avx2() once per call and picks one. QWENC_SIMD=0 in the environment, or
- * qw_set_simd(0), forces the plain path everywhere; the tests use that to keep it honest.
+ * kernel asks qw_use_avx2() once per call and picks one; the integer products also have an
+ * AVX-512 VNNI path (qw_use_avx512()). QWENC_SIMD=0 in the environment, or qw_set_simd(0),
+ * forces the plain path everywhere; the tests use that to keep it honest.
  */
 #ifndef QWENC_CPU_H
 #define QWENC_CPU_H
@@ -20,6 +21,10 @@
 
 /* 1 when the AVX2 path is both supported by this CPU and enabled. */
 int qw_use_avx2(void);
+/* 1 when, beside AVX2, the AVX-512 integer products (F, BW, VL and VNNI) are supported and
+ * enabled (QWENC_SIMD=avx2 keeps them off). */
+int qw_use_avx512(void);
+int qw_cpu_has_avx512(void);
 /* 1 when this CPU supports AVX2, FMA and F16C (whatever the setting). */
 int qw_cpu_has_avx2(void);
 /* Enable (1) or disable (0) SIMD paths; returns the previous setting. */

@@ -76,6 +76,25 @@ QW_TARGET_AVX2 static void kernel_3x4(const float *X, const float *T, int64_t K,
         for (int j = 0; j < 4; j++) Y[i * ldy + j] = finish_avx2(c[i][j], T + j * K + k, X + i * K + k, K - k);
 }
 
+/* 2 activation rows x 4 weight rows (a tile's last two rows of X): 8 chains. */
+QW_TARGET_AVX2 static void kernel_2x4(const float *X, const float *T, int64_t K, float *Y, int64_t ldy) {
+    const float *x0 = X, *x1 = X + K;
+    __m256 c[2][4];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) c[i][j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 a0 = _mm256_loadu_ps(x0 + k), a1 = _mm256_loadu_ps(x1 + k);
+        for (int j = 0; j < 4; j++) {
+            __m256 w = _mm256_loadu_ps(T + j * K + k);
+            c[0][j] = _mm256_fmadd_ps(w, a0, c[0][j]);
+            c[1][j] = _mm256_fmadd_ps(w, a1, c[1][j]);
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) Y[i * ldy + j] = finish_avx2(c[i][j], T + j * K + k, X + i * K + k, K - k);
+}
+
 /* 1 activation row x 4 weight rows (decode): 4 independent chains share each x load. */
 QW_TARGET_AVX2 static void kernel_1x4(const float *x, const float *T, int64_t K, float *y) {
     __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
@@ -116,10 +135,49 @@ QW_TARGET_AVX2 static void tile_avx2(const float *T, int64_t nb, int64_t K, cons
         for (; j + 4 <= nb; j += 4) kernel_3x4(X + m * K, T + j * K, K, Y + m * ldy + j, ldy);
         for (; j < nb; j++) kernel_3x1(X + m * K, T + j * K, K, Y + m * ldy + j, ldy);
     }
+    if (m + 2 == M) {
+        int64_t j = 0;
+        for (; j + 4 <= nb; j += 4) kernel_2x4(X + m * K, T + j * K, K, Y + m * ldy + j, ldy);
+        for (; j < nb; j++)
+            for (int64_t i = m; i < M; i++) Y[i * ldy + j] = fdot_avx2(T + j * K, X + i * K, K);
+        return;
+    }
     for (; m < M; m++) {
         int64_t j = 0;
         for (; j + 4 <= nb; j += 4) kernel_1x4(X + m * K, T + j * K, K, Y + m * ldy + j);
         for (; j < nb; j++) Y[m * ldy + j] = fdot_avx2(T + j * K, X + m * K, K);
+    }
+}
+
+/* 4 chains of one activation row over 4 weight rows (kernel_1x4's loop on stored lanes). */
+QW_TARGET_AVX2 static void steps_avx2(qw_fdot_acc *acc, const float *T, int64_t ldt, int64_t nb, const float *X,
+                                      int64_t ldx, int64_t M, int64_t n) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *x = X + m * ldx;
+        qw_fdot_acc *a = acc + m * nb;
+        int64_t j = 0;
+        for (; j + 4 <= nb; j += 4) {
+            const float *t0 = T + j * ldt, *t1 = t0 + ldt, *t2 = t1 + ldt, *t3 = t2 + ldt;
+            __m256 c0 = _mm256_loadu_ps(a[j].lane), c1 = _mm256_loadu_ps(a[j + 1].lane);
+            __m256 c2 = _mm256_loadu_ps(a[j + 2].lane), c3 = _mm256_loadu_ps(a[j + 3].lane);
+            for (int64_t k = 0; k < n; k += 8) {
+                __m256 v = _mm256_loadu_ps(x + k);
+                c0 = _mm256_fmadd_ps(_mm256_loadu_ps(t0 + k), v, c0);
+                c1 = _mm256_fmadd_ps(_mm256_loadu_ps(t1 + k), v, c1);
+                c2 = _mm256_fmadd_ps(_mm256_loadu_ps(t2 + k), v, c2);
+                c3 = _mm256_fmadd_ps(_mm256_loadu_ps(t3 + k), v, c3);
+            }
+            _mm256_storeu_ps(a[j].lane, c0);
+            _mm256_storeu_ps(a[j + 1].lane, c1);
+            _mm256_storeu_ps(a[j + 2].lane, c2);
+            _mm256_storeu_ps(a[j + 3].lane, c3);
+        }
+        for (; j < nb; j++) {
+            const float *t = T + j * ldt;
+            __m256 c = _mm256_loadu_ps(a[j].lane);
+            for (int64_t k = 0; k < n; k += 8) c = _mm256_fmadd_ps(_mm256_loadu_ps(t + k), _mm256_loadu_ps(x + k), c);
+            _mm256_storeu_ps(a[j].lane, c);
+        }
     }
 }
 
@@ -156,6 +214,18 @@ float qw_fdot_finish(const qw_fdot_acc *a, const float *w, const float *x, int64
     if (qw_use_avx2()) return finish_lanes_avx2(a->lane, w, x, tail);
 #endif
     return finish_plain(a->lane, w, x, tail);
+}
+
+void qw_fdot_steps(qw_fdot_acc *acc, const float *T, int64_t ldt, int64_t nb, const float *X, int64_t ldx, int64_t M,
+                   int64_t n) {
+#if QW_HAVE_X86
+    if (qw_use_avx2()) {
+        steps_avx2(acc, T, ldt, nb, X, ldx, M, n);
+        return;
+    }
+#endif
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < nb; j++) step_plain(acc[m * nb + j].lane, T + j * ldt, X + m * ldx, n);
 }
 
 float qw_fdot(const float *w, const float *x, int64_t K) {

@@ -34,6 +34,12 @@ float qw_fdot_finish(const qw_fdot_acc *a, const float *w, const float *x, int64
 /* The whole dot of w and x over K values. */
 float qw_fdot(const float *w, const float *x, int64_t K);
 
+/* Continue the chains acc[m * nb + j] (m < M, j < nb) over n more values (a multiple of 8): of
+ * weight rows T + j * ldt and activation rows X + m * ldx. Decode's products widen their weight
+ * rows a piece at a time into L1 and run this over each piece. */
+void qw_fdot_steps(qw_fdot_acc *acc, const float *T, int64_t ldt, int64_t nb, const float *X, int64_t ldx, int64_t M,
+                   int64_t n);
+
 /* Y[m * ldy + j] = qw_fdot(T + j * K, X + m * K, K) for j < nb, m < M: a tile of nb widened
  * weight rows against M activation rows, register-blocked (each loaded vector feeds several
  * chains) but every output in the order above. */

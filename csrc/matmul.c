@@ -4,6 +4,7 @@
 
 #include "cpu.h"
 #include "fdot.h"
+#include "kernels.h"
 #include "quant.h"
 
 /* Widened weights per tile of the f32 path: for prefill-sized M a tile stays in a core's
@@ -12,11 +13,10 @@
  * result: each output is one fdot.h dot product whatever the tiling. */
 #define TILE_BYTES (192 * 1024)
 #define TILE_BYTES_SMALL (24 * 1024)
-#define SMALL_M 4
-/* Rows per work item of the integer path, and activation rows per pass over those rows: a work
- * item's weight rows stay in L2 while blocks of activation rows go past them. */
+#define SMALL_M 2
+/* Rows per work item of the integer path (4 repacked groups of 8); activation rows go past
+ * each group QW_R8_MAX_M at a time. */
 #define ROW_CHUNK 32
-#define M_BLOCK 16
 
 /* ---------------------------------------------------------------- buffers
  *
@@ -27,6 +27,8 @@ static _Thread_local uint8_t *act_buf;
 static _Thread_local size_t act_cap;
 static _Thread_local float *tile_buf;
 static _Thread_local size_t tile_cap;
+static _Thread_local uint8_t *pack_buf;
+static _Thread_local size_t pack_cap;
 
 static void *grow(void *buf, size_t *cap, size_t need) {
     if (need <= *cap) return buf;
@@ -61,31 +63,85 @@ static const uint8_t *quantize_rows(int bits, const float *X, int64_t M, int64_t
 
 typedef struct {
     const qw_product *p;
-    qw_dot_act_fn idot;   /* the integer dot, or NULL for the float path */
-    size_t stride;        /* bytes per stored weight row */
+    qw_r8_fn idot;        /* the integer product, or NULL for the float path */
+    int base;             /* the stored type (W's type, or the one it was repacked from) */
+    int repacked;         /* W is in the R8 layout */
+    size_t stride;        /* bytes per stored row; per 8-row group when repacked */
     int64_t rows;         /* rows per item */
     int64_t first;        /* index of the product's first item in the group */
 } plan;
 
+/* Float path for decode-sized M on stored weights: 4 rows at a time, widened in registers
+ * (AVX2) or PIECE values at a time into T in L1 (plain), each output's chain continued in
+ * fdot.h's order, as the tiles compute it. */
+#define PIECE 256
+static void float_item_small(const plan *pl, int64_t n0, int64_t nb, int64_t K, const float *X, int64_t M, float *T) {
+    const qw_product *p = pl->p;
+    int64_t bs = qw_block_size(p->dtype), bb = qw_block_bytes(p->dtype), k8 = K & ~(int64_t)7;
+    qw_fdot_acc acc[SMALL_M * 4];
+    for (int64_t j0 = n0; j0 < n0 + nb; j0 += 4) {
+        int64_t rows = n0 + nb - j0 < 4 ? n0 + nb - j0 : 4;
+        const uint8_t *w = (const uint8_t *)p->W + (size_t)j0 * pl->stride;
+        for (int64_t i = 0; i < M * rows; i++) qw_fdot_start(&acc[i]);
+#if QW_HAVE_X86
+        if (qw_use_avx2()) /* widened in registers */
+            for (int64_t m = 0; m < M; m++) qw_fdot_rows_avx2(p->dtype, w, pl->stride, (int)rows, X + m * K, K, acc + m * rows);
+        else
+#endif
+        if (p->dtype == QW_F32)
+            qw_fdot_steps(acc, (const float *)w, K, rows, X, K, M, k8);
+        else
+            for (int64_t k0 = 0; k0 < k8; k0 += PIECE) {
+                int64_t len = k8 - k0 < PIECE ? k8 - k0 : PIECE; /* a multiple of the block: k8 = K for block types */
+                for (int64_t j = 0; j < rows; j++) qw_dequant_row(p->dtype, w + (size_t)j * pl->stride + k0 / bs * bb, T + j * PIECE, len);
+                qw_fdot_steps(acc, T, PIECE, rows, X + k0, K, M, len);
+            }
+        for (int64_t j = 0; j < rows; j++) {
+            const float *tail = (const float *)(w + (size_t)j * pl->stride) + k8;
+            if (p->dtype != QW_F32 && K > k8) { /* float types only: the < 8 last values */
+                qw_dequant_row(p->dtype, w + (size_t)j * pl->stride + k8 * bb, T, K - k8);
+                tail = T;
+            }
+            for (int64_t m = 0; m < M; m++) {
+                float v = qw_fdot_finish(&acc[m * rows + j], tail, X + m * K + k8, K - k8);
+                p->Y[m * p->N + j0 + j] = p->bias ? v + p->bias[j0 + j] : v;
+            }
+        }
+    }
+}
+
 /* Float path: nb rows from n0 widened into T, then each output one fdot.h dot product. */
 static void float_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const float *X, int64_t M, float *T) {
     const qw_product *p = pl->p;
-    for (int64_t j = 0; j < nb; j++) qw_dequant_row(p->dtype, (const uint8_t *)p->W + (size_t)(n0 + j) * pl->stride, T + j * K, K);
+    for (int64_t j = 0; j < nb; j++) qw_dequant_matrix_row(p->dtype, p->W, K, n0 + j, T + j * K);
     qw_fdot_tile(T, nb, K, X, M, p->Y + n0, p->N);
     if (p->bias)
         for (int64_t m = 0; m < M; m++)
             for (int64_t j = 0; j < nb; j++) p->Y[m * p->N + n0 + j] = p->Y[m * p->N + n0 + j] + p->bias[n0 + j];
 }
 
-/* Integer path: every row from n0 dotted with every act row, by the type's one kernel. */
-static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const uint8_t *xq, size_t xstride, int64_t M) {
+/* Integer path: rows n0 .. n0 + nb (whole groups of 8 but for the matrix's last rows) against
+ * every act row. Stored weights are repacked into `pack` first, a group at a time. */
+static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const uint8_t *xq, size_t xstride, int64_t M,
+                     uint8_t *pack) {
     const qw_product *p = pl->p;
-    for (int64_t m0 = 0; m0 < M; m0 += M_BLOCK) {
-        int64_t m1 = m0 + M_BLOCK < M ? m0 + M_BLOCK : M;
-        for (int64_t n = n0; n < n0 + nb; n++) {
-            const uint8_t *row = (const uint8_t *)p->W + (size_t)n * pl->stride;
-            float b = p->bias ? p->bias[n] : 0.0f;
-            for (int64_t m = m0; m < m1; m++) p->Y[m * p->N + n] = pl->idot(row, xq + (size_t)m * xstride, K) + b;
+    size_t gb = qw_r8_group_bytes(pl->base, K);
+    float out[QW_R8_MAX_M * 8];
+    for (int64_t g0 = n0; g0 < n0 + nb; g0 += 8) {
+        int rows = n0 + nb - g0 < 8 ? (int)(n0 + nb - g0) : 8;
+        const uint8_t *group;
+        if (pl->repacked)
+            group = (const uint8_t *)p->W + (size_t)(g0 / 8) * gb;
+        else {
+            qw_repack_group(pl->base, (const uint8_t *)p->W + (size_t)g0 * pl->stride, pl->stride, rows, K, pack);
+            group = pack;
+        }
+        for (int64_t m0 = 0; m0 < M; m0 += QW_R8_MAX_M) {
+            int64_t mb = M - m0 < QW_R8_MAX_M ? M - m0 : QW_R8_MAX_M;
+            pl->idot(group, K, xq + (size_t)m0 * xstride, xstride, mb, out);
+            for (int64_t m = 0; m < mb; m++)
+                for (int r = 0; r < rows; r++)
+                    p->Y[(m0 + m) * p->N + g0 + r] = out[m * 8 + r] + (p->bias ? p->bias[g0 + r] : 0.0f);
         }
     }
 }
@@ -93,19 +149,25 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
 static int run_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) {
     plan pl[QW_GROUP_MAX];
     int64_t items = 0, tile_rows = 0;
+    size_t pack_bytes = 0;
     const uint8_t *xq = NULL;
     size_t xstride = 0;
     for (int i = 0; i < count; i++) {
         pl[i].p = &p[i];
-        pl[i].idot = act ? qw_dot_act_kernel(p[i].dtype, act) : NULL;
+        pl[i].repacked = p[i].dtype >= QW_R8;
+        pl[i].base = pl[i].repacked ? p[i].dtype - QW_R8 : p[i].dtype;
+        pl[i].idot = act ? qw_r8_kernel(pl[i].base, act) : NULL;
         pl[i].stride = qw_row_bytes(p[i].dtype, K);
         if (pl[i].idot) {
             pl[i].rows = ROW_CHUNK;
+            if (!pl[i].repacked && qw_r8_group_bytes(pl[i].base, K) > pack_bytes) pack_bytes = qw_r8_group_bytes(pl[i].base, K);
             if (!xq && !(xq = quantize_rows(act, X, M, K, &xstride))) return QW_ENOMEM;
         } else {
             int64_t r = (M <= SMALL_M ? TILE_BYTES_SMALL : TILE_BYTES) / (K * (int64_t)sizeof(float));
             pl[i].rows = r < 4 ? 4 : r - r % 4;
-            tile_rows = pl[i].rows > tile_rows ? pl[i].rows : tile_rows;
+            /* the small-M path needs 4 rows of PIECE values; the tiles their rows of K */
+            int64_t need = M <= SMALL_M && !pl[i].repacked ? (4 * PIECE + K - 1) / K : pl[i].rows;
+            tile_rows = need > tile_rows ? need : tile_rows;
         }
         pl[i].first = items;
         items += (p[i].N + pl[i].rows - 1) / pl[i].rows;
@@ -114,14 +176,25 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
 #pragma omp parallel num_threads(qw_get_threads())
     {
         float *T = NULL;
+        uint8_t *pack = NULL;
+        int ok = 1;
         if (tile_rows) {
             T = grow(tile_buf, &tile_cap, (size_t)tile_rows * (size_t)K * sizeof(float));
             if (T)
                 tile_buf = T;
-            else {
+            else
+                ok = 0;
+        }
+        if (pack_bytes) {
+            pack = grow(pack_buf, &pack_cap, pack_bytes);
+            if (pack)
+                pack_buf = pack;
+            else
+                ok = 0;
+        }
+        if (!ok) {
 #pragma omp atomic write
-                failed = 1;
-            }
+            failed = 1;
         }
 #pragma omp for schedule(guided, 1)
         for (int64_t it = 0; it < items; it++) {
@@ -129,9 +202,12 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
             while (i + 1 < count && it >= pl[i + 1].first) i++;
             int64_t n0 = (it - pl[i].first) * pl[i].rows;
             int64_t nb = p[i].N - n0 < pl[i].rows ? p[i].N - n0 : pl[i].rows;
+            if (!ok) continue;
             if (pl[i].idot)
-                int_item(&pl[i], n0, nb, K, xq, xstride, M);
-            else if (T)
+                int_item(&pl[i], n0, nb, K, xq, xstride, M, pack);
+            else if (M <= SMALL_M && !pl[i].repacked)
+                float_item_small(&pl[i], n0, nb, K, X, M, T);
+            else
                 float_item(&pl[i], n0, nb, K, X, M, T);
         }
     }

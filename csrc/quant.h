@@ -4,10 +4,13 @@
  * onto the same numbers. A weight matrix is stored row-major, one row per output feature; a row
  * of n elements is n / block_size blocks of block_bytes each (float types have 1-element blocks).
  *
- * Two kernels per type, each with a plain and an AVX2 path chosen at run time:
- *   qw_dequant_row: widen one row to float32 (prefill tiles, tests, dtype conversion);
- *   qw_dot_row:     dot product of one stored row with a float32 vector, fused, without
- *                   materialising the widened row (decode's matrix-vector products).
+ * Per type, with a plain and an AVX2 path chosen at run time:
+ *   qw_dequant_row: widen one row to float32, bit for bit the reference formula (quant.c,
+ *                   quant_avx2.c);
+ *   qw_dot_row:     a stored row dotted with a float32 vector in the f32 mode's one order
+ *                   (fdot.h): what qw_matmul computes for that row with float activations;
+ *   the integer path (below): act rows (act.c) and integer dots on row-interleaved layouts
+ *                   (intdot.c, intdot_avx2.c).
  */
 #ifndef QWENC_QUANT_H
 #define QWENC_QUANT_H
@@ -87,12 +90,50 @@ size_t qw_act_bytes(int dtype, int64_t n, int bits);
 /* Quantize x[0..n) into an act row (n a multiple of 32 and of dtype's block; nothing is written
  * when qw_act_bytes(dtype, n, bits) is 0). */
 void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n, int bits);
-/* sum_i row[i] * xhat[i] over the n values of a stored row, xhat the values of the act row xq. */
+/* sum_i row[i] * xhat[i] over the n values of a stored row, xhat the values of the act row xq:
+ * exactly what qw_matmul computes for that row in the int8 / int16 mode (the order below). */
 float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int bits);
-/* The kernel qw_dot_row_act runs for `dtype` on the current SIMD setting (NULL when there is
- * none), for loops over many rows to call without dispatching each time. */
-typedef float (*qw_dot_act_fn)(const void *row, const void *xq, int64_t n);
-qw_dot_act_fn qw_dot_act_kernel(int dtype, int bits);
+
+/* ---------------------------------------------------------------- the integer dot's one order
+ *
+ * Every integer-mode output (weight row w, act row x) is computed in this order, by every path:
+ *
+ *   for each 32-value block b in order (a k-quant's sub-blocks in order):
+ *       I_b = the block's exact integer sum of weight codes times act codes (offsets such as
+ *             Q4_0's 8 taken off in integers; a k-quant's 6- or 8-bit scales multiplied in)
+ *       acc = acc + I_b * (D_b * dx_b)       D_b the block's float32 scale (a k-quant's d),
+ *                                            dx_b the act block's scale
+ *       with mins: macc = macc + M_b * s_b   M_b: Q4_1/Q5_1's m, Q4_K/Q5_K's dmin * m_b
+ *   result = acc + macc (Q4_1, Q5_1), acc - macc (Q4_K, Q5_K), acc (the others)
+ *
+ * 16-bit act rows take each block's two levels in turn: acc gets I1 * (D dx1) then I2 * (D dx2),
+ * macc gets M s1 then M s2. The AVX2 path forms each `acc + I * (D dx)` with one fused
+ * multiply-add, the plain path with a multiply and an add; everything else is the same. Integer
+ * sums are exact however they are formed, so kernels may group the integer work as they like
+ * (many rows at once, several activation rows per unpacked block) without changing a bit.
+ *
+ * ---------------------------------------------------------------- row-interleaved layouts
+ *
+ * For the integer path, weights can be repacked (once, at load) into a layout that interleaves
+ * 8 rows: the 8 rows' codes of a 32-value block lie so that one 32-byte vector holds 4
+ * consecutive codes of each of the 8 rows, and one multiply of it by 4 broadcast act codes
+ * advances all 8 rows' sums. Unpacking a block (nibbles, fifth or high bits) then costs a few
+ * vector operations for 8 rows, and is done once for all the act rows of a product. The type
+ * code of a repacked matrix is QW_R8 + the stored type's code; it holds the same values (every
+ * mode computes the same bits on it as on the stored layout) in about the same bytes, with its
+ * row count rounded up to 8 (padding rows are zeros). Layouts: intdot.c. */
+#define QW_R8 256
+
+/* QW_R8 + dtype for a type with a repacked layout (those with an integer dot), else 0. */
+int qw_r8_of(int dtype);
+/* Bytes of an N x K matrix of type `dtype` (a stored type or a repacked one). */
+size_t qw_matrix_bytes(int dtype, int64_t N, int64_t K);
+/* Repack N stored rows of K values of type `dtype` into dst (qw_matrix_bytes(qw_r8_of(dtype),
+ * N, K) bytes). */
+void qw_repack_r8(int dtype, const void *src, int64_t N, int64_t K, void *dst);
+/* Row n of a matrix of any supported type (stored or repacked) widened to float32, bit for bit
+ * what qw_dequant_row gives for the stored row. */
+void qw_dequant_matrix_row(int dtype, const void *W, int64_t K, int64_t n, float *dst);
 
 /* Scalar conversions, exact (round-to-nearest-even on the way down). */
 float qw_f16_to_f32(uint16_t h);

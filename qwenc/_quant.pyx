@@ -23,13 +23,19 @@ cdef extern from "quant.h":
     size_t qw_act_bytes(int dtype, int64_t n, int bits)
     void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n, int bits) nogil
     float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int bits) nogil
-    ctypedef float (*qw_dot_act_fn)(const void *row, const void *xq, int64_t n) noexcept nogil
-    qw_dot_act_fn qw_dot_act_kernel(int dtype, int bits) nogil
+    size_t qw_matrix_bytes(int dtype, int64_t N, int64_t K)
+    void qw_dequant_matrix_row(int dtype, const void *W, int64_t K, int64_t n, float *dst) nogil
+
+cdef extern from "matmul.h":
+    int qw_matmul(const void *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M, float *Y,
+                  const float *bias, int act) nogil
 
 cdef extern from "cpu.h":
     int qw_cpu_has_avx2()
     int qw_set_simd(int enabled)
     int qw_use_avx2()
+    int qw_get_threads() nogil
+    void qw_set_threads(int n) nogil
 
 Q8_0 = 8
 
@@ -46,31 +52,39 @@ def _row_bytes(int dtype, Py_ssize_t rows, Py_ssize_t cols):
     return qw_row_bytes(dtype, cols)
 
 
-def _as_bytes(data, int dtype, Py_ssize_t rows, Py_ssize_t cols):
-    """`data` as a C-contiguous uint8 array of exactly rows * row_bytes bytes (no copy if it is one)."""
+REPACKED = 256  # quant.h's QW_R8: repacked type codes are REPACKED + the stored type's
+
+
+def _as_bytes(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, repacked_ok=False):
+    """`data` as a C-contiguous uint8 array of exactly the bytes of a [rows, cols] matrix (no copy
+    if it is one), and the bytes per row. Repacked types only where `repacked_ok` (their rows
+    are not contiguous)."""
+    if dtype >= REPACKED and not repacked_ok:
+        raise ValueError(f"type {dtype} is a repacked layout: its rows are not stored one by one")
     rb = _row_bytes(dtype, rows, cols)
     arr = np.asarray(data)
     if arr.dtype != np.uint8:
         raise ValueError(f"expected uint8 data, got {arr.dtype}")
     arr = np.ascontiguousarray(arr).reshape(-1)
-    if arr.size != rows * rb:
-        raise ValueError(f"type {dtype} [{rows}, {cols}] needs {rows * rb} bytes, got {arr.size}")
+    need = qw_matrix_bytes(dtype, rows, cols)
+    if arr.size != need:
+        raise ValueError(f"type {dtype} [{rows}, {cols}] needs {need} bytes, got {arr.size}")
     return arr, rb
 
 
 def dequantize(data, int dtype, Py_ssize_t rows, Py_ssize_t cols):
-    """float32 [rows, cols] from the stored bytes of a [rows, cols] tensor of type `dtype`."""
-    arr, rb = _as_bytes(data, dtype, rows, cols)
+    """float32 [rows, cols] from the bytes of a [rows, cols] tensor of type `dtype` (a stored
+    type, or a repacked one from qwenc._ops.repack)."""
+    arr, rb = _as_bytes(data, dtype, rows, cols, repacked_ok=True)
     out = np.empty((rows, cols), dtype=np.float32)
     cdef const unsigned char[::1] src = arr
     cdef float[:, ::1] dst = out
-    cdef size_t row_bytes = rb
     cdef Py_ssize_t r
     if rows == 0:
         return out
     with nogil:
         for r in range(rows):
-            qw_dequant_row(dtype, &src[r * row_bytes], &dst[r, 0], cols)
+            qw_dequant_matrix_row(dtype, &src[0], cols, r, &dst[r, 0])
     return out
 
 
@@ -177,37 +191,32 @@ def dot_rows_act(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, xq, int bits
 
 
 def matvec(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, x, int bits=8, int threads=1):
-    """float32 [rows]: the stored matrix times x (float32 [cols]) as decode computes it, rows
-    shared among `threads` OpenMP threads: the fused float dot per row (bits=0), or (bits=8 or
-    16, for the block-quantized types) x quantized once and the integer dot per row. For
-    benchmarks."""
-    arr, rb = _as_bytes(data, dtype, rows, cols)
+    """float32 [rows]: the matrix (stored or repacked) times x (float32 [cols]) as a decode step
+    computes it, by qw_matmul with `threads` threads: float activations (bits=0), or (bits=8 or
+    16, for the block-quantized types) x quantized once to an act row and the integer products.
+    For benchmarks."""
+    arr, rb = _as_bytes(data, dtype, rows, cols, repacked_ok=True)
     xa = np.ascontiguousarray(x, dtype=np.float32)
     if xa.ndim != 1 or xa.shape[0] != cols:
         raise ValueError(f"x must have shape [{cols}], got {list(np.shape(x))}")
     if threads < 1:
         raise ValueError("threads must be >= 1")
-    cdef Py_ssize_t ab = _act_row_bytes(dtype, cols, bits) if bits else 0
-    xq = np.empty(ab if ab > 0 else 1, dtype=np.uint8)
+    if bits not in (0, 8, 16):
+        raise ValueError(f"bits must be 0, 8 or 16, got {bits}")
     out = np.empty(rows, dtype=np.float32)
     cdef const unsigned char[::1] src = arr
     cdef const float[::1] xv = xa
-    cdef unsigned char[::1] qv = xq
     cdef float[::1] dst = out
-    cdef size_t row_bytes = rb
-    cdef Py_ssize_t r
-    cdef qw_dot_act_fn dot
+    cdef int rc, prev
     if rows == 0:
         return out
     with nogil:
-        if bits:
-            qw_quantize_act(dtype, &xv[0], &qv[0], cols, bits)
-            dot = qw_dot_act_kernel(dtype, bits)
-            for r in prange(rows, num_threads=threads, schedule="dynamic", chunksize=32):
-                dst[r] = dot(&src[r * row_bytes], &qv[0], cols)
-        else:
-            for r in prange(rows, num_threads=threads, schedule="dynamic", chunksize=32):
-                dst[r] = qw_dot_row(dtype, &src[r * row_bytes], &xv[0], cols)
+        prev = qw_get_threads()
+        qw_set_threads(threads)
+        rc = qw_matmul(&src[0], dtype, rows, cols, &xv[0], 1, &dst[0], NULL, bits)
+        qw_set_threads(prev)
+    if rc != 0:
+        raise MemoryError("matvec: out of memory")
     return out
 
 

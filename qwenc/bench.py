@@ -16,10 +16,8 @@ from .formats.tensors import row_bytes
 def weight_bytes_per_token(model) -> int:
     w, cfg = model.weights, model.config
     total = 0
-    for layer in w.layers:
-        for lin in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down):
-            total += lin.weight.data.nbytes
-    total += w.lm_head.data.nbytes
+    for lin in w.linears():  # the copy the products read (repacked, in the integer modes)
+        total += (lin.packed if lin.packed is not None else lin.weight).data.nbytes
     if w.lm_head is not w.embed:
         total += row_bytes(w.embed.dtype, cfg.hidden_size)
     return total
@@ -69,3 +67,109 @@ def bench_model(model, prompt_tokens: int = 128, gen_tokens: int = 64, repeats: 
         decode.append(gen_tokens / (t2 - t1))
     return {"prefill_tok_s": statistics.median(prefill), "decode_tok_s": statistics.median(decode),
             "prefill_runs": prefill, "decode_runs": decode}
+
+
+# ---------------------------------------------------------------- `qwenc bench`: a llama-bench-like table
+
+def _timed_prefill(model, ids) -> float:
+    seq = model.new_sequence(len(ids) + 1)
+    t0 = time.perf_counter()
+    model.forward(seq, ids)
+    return len(ids) / (time.perf_counter() - t0)
+
+
+def _timed_decode(model, prompt, n) -> float:
+    """tok/s of n greedy decode steps after `prompt` (prefilled untimed)."""
+    seq = model.new_sequence(len(prompt) + n + 1)
+    token = int(np.argmax(model.forward(seq, prompt)))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        token = int(np.argmax(model.forward(seq, [token])))
+    return n / (time.perf_counter() - t0)
+
+
+def _timed_batch(model, prompts, n) -> float:
+    """tok/s of n steps decoding len(prompts) sequences together (one forward step per token of
+    each), as a batching engine runs its streams."""
+    from .model import StepItem
+    tr = model.transformer
+    seqs = [model.new_sequence(len(p) + n + 1) for p in prompts]
+    logits = tr.forward_step([StepItem(s, list(p)) for s, p in zip(seqs, prompts)])
+    tokens = [int(np.argmax(r)) for r in logits]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        logits = tr.forward_step([StepItem(s, [t]) for s, t in zip(seqs, tokens)])
+        tokens = [int(np.argmax(r)) for r in logits]
+    return len(prompts) * n / (time.perf_counter() - t0)
+
+
+def current_rss_bytes() -> int:
+    """Resident bytes now (Linux /proc; 0 where it is not available)."""
+    try:
+        with open("/proc/self/statm") as f:
+            import os
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def peak_rss_bytes() -> int:
+    import resource
+    import sys
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r if sys.platform == "darwin" else r * 1024
+
+
+def bench_table(model, pp=512, tg=128, depth=4096, batches=(1, 4, 8, 16), batch_steps=16, repeats=3, seed=0):
+    """Rows (test name, [tok/s per repeat]) for: prefill of pp tokens; tg decode steps after a
+    short prompt and (depth > 0) after `depth` tokens of context; batched decode of B
+    sequences, each row B * steps / seconds. Repeats are interleaved across tests."""
+    rng = np.random.default_rng(seed)
+    n_vocab = model.n_vocab
+    tests = []
+    if pp:
+        tests.append((f"pp{pp}", lambda: _timed_prefill(model, rng.integers(0, n_vocab, pp).tolist())))
+    if tg:
+        tests.append((f"tg{tg}", lambda: _timed_decode(model, rng.integers(0, n_vocab, 16).tolist(), tg)))
+        if depth:
+            tests.append((f"tg{tg} @ d{depth}", lambda: _timed_decode(model, rng.integers(0, n_vocab, depth).tolist(), tg)))
+    for b in batches or ():
+        tests.append((f"tg{batch_steps} x B={b}", lambda b=b: _timed_batch(
+            model, [rng.integers(0, n_vocab, 16).tolist() for _ in range(b)], batch_steps)))
+    runs = {name: [] for name, _ in tests}
+    for fn in (tests[0][1],) if tests else ():  # warm-up: faults the weights in
+        fn()
+    for r in range(repeats):
+        for name, fn in (tests if r % 2 == 0 else tests[::-1]):
+            runs[name].append(fn())
+    return [(name, runs[name]) for name, _ in tests]
+
+
+def format_table(rows) -> str:
+    """Markdown table of dict rows (model, size, params, mode, threads, test, runs)."""
+    out = ["| model | size | params | mode | threads | test | t/s |", "|---|---:|---:|---|---:|---|---:|"]
+    for r in rows:
+        runs = r["runs"]
+        mean = statistics.fmean(runs)
+        sd = statistics.stdev(runs) if len(runs) > 1 else 0.0
+        out.append(f"| {r['model']} | {r['size'] / 2**20:.0f} MiB | {r['params'] / 1e6:.0f} M | {r['mode']} | "
+                   f"{r['threads']} | {r['test']} | {mean:.2f} ± {sd:.2f} |")
+    return "\n".join(out)
+
+
+def parameter_count(model) -> int:
+    w, cfg = model.weights, model.config
+    n = sum(lin.weight.shape[0] * lin.weight.shape[1] for lin in w.linears())
+    if w.lm_head is not w.embed:
+        n += cfg.vocab_size * cfg.hidden_size
+    return n
+
+
+def weight_file_bytes(model) -> int:
+    import os
+    src = str(model.source)
+    if os.path.isfile(src):
+        return os.path.getsize(src)
+    if os.path.isdir(src):
+        return sum(os.path.getsize(os.path.join(src, f)) for f in os.listdir(src) if f.endswith(".safetensors"))
+    return 0

@@ -187,16 +187,36 @@ def cmd_chat(args):
 # ---------------------------------------------------------------- bench
 
 def cmd_bench(args):
-    from qwenc.bench import bench_model, roofline
-    args.context = args.prompt + args.gen + 8
-    model = _load(args)
-    gbs, per_token, roof = roofline(model)
-    r = bench_model(model, args.prompt, args.gen, args.repeats)
-    print(f"model     {model.source}")
-    print(f"threads   {model.threads}   prompt {args.prompt}   generated {args.gen}   repeats {args.repeats} (medians)")
-    print(f"prefill   {r['prefill_tok_s']:8.1f} tok/s")
-    print(f"decode    {r['decode_tok_s']:8.1f} tok/s   = {100 * r['decode_tok_s'] / roof:.0f}% of the roofline "
-          f"({per_token / 1e9:.3f} GB of weights per token at {gbs:.1f} GB/s -> {roof:.1f} tok/s)")
+    """A llama-bench-like table per activation mode: prefill (pp), decode (tg) after a short
+    prompt and at depth, batched decode at several batch sizes; then peak RSS and the decode rate
+    as a share of the machine's measured read bandwidth."""
+    from qwenc.bench import (bench_table, current_rss_bytes, format_table, measure_bandwidth, parameter_count,
+                             peak_rss_bytes, weight_bytes_per_token, weight_file_bytes)
+    modes = [m for m in (args.modes or args.activations).split(",") if m]
+    batches = [int(b) for b in args.batch.split(",") if b] if args.batch else []
+    args.context = max(args.pp, args.depth + args.tg, 16 + args.tg, 16 + args.batch_steps) + 8
+    rows, tg_rates, rss = [], {}, {}
+    for mode in modes:
+        args.activations = mode
+        model = _load(args)
+        rss[mode] = current_rss_bytes()
+        for test, runs in bench_table(model, args.pp, args.tg, args.depth, batches, args.batch_steps, args.repeats):
+            rows.append({"model": model.name, "size": weight_file_bytes(model), "params": parameter_count(model),
+                         "mode": mode, "threads": model.threads, "test": test, "runs": runs})
+            if test == f"tg{args.tg}":
+                tg_rates[mode] = sum(runs) / len(runs)
+        per_token = weight_bytes_per_token(model)
+        del model
+    peak = peak_rss_bytes()  # before the bandwidth probe's 1 GB buffer
+    gbs = measure_bandwidth()
+    roof = gbs * 1e9 / per_token
+    print(format_table(rows))
+    print(f"\nread bandwidth {gbs:.1f} GB/s (probe: a BF16 matrix-vector product over 1 GB); "
+          f"{per_token / 1e9:.3f} GB of weights per token -> roofline {roof:.1f} tok/s")
+    for mode, rate in tg_rates.items():
+        print(f"decode tg{args.tg} ({mode}): {rate:.1f} tok/s = {100 * rate / roof:.0f}% of the roofline")
+    print("RSS after load " + ", ".join(f"{m} {b / 2**20:.0f} MiB" for m, b in rss.items())
+          + f"; peak RSS {peak / 2**20:.0f} MiB (weight file {rows[0]['size'] / 2**20:.0f} MiB)" if rows else "")
     return 0
 
 
@@ -288,11 +308,15 @@ def build_parser():
     c.add_argument("-v", "--verbose", action="store_true", help="print speed after each answer")
     c.set_defaults(func=cmd_chat)
 
-    b = sub.add_parser("bench", help="measure prefill and decode speed")
+    b = sub.add_parser("bench", help="measure speed: a llama-bench-like table")
     _add_model_args(b)
-    b.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
-    b.add_argument("--gen", type=int, default=64, help="generated tokens (default 64)")
-    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--modes", help="activation modes to measure, comma-separated (default: --activations)")
+    b.add_argument("-p", "--pp", type=int, default=512, help="prefill test tokens (default 512; 0 skips)")
+    b.add_argument("-n", "--tg", type=int, default=128, help="decode test tokens (default 128; 0 skips)")
+    b.add_argument("-d", "--depth", type=int, default=4096, help="context before the long decode test (default 4096; 0 skips)")
+    b.add_argument("-b", "--batch", default="1,4,8,16", help="batched decode sizes (default 1,4,8,16; '' skips)")
+    b.add_argument("--batch-steps", type=int, default=16, help="steps per batched decode test (default 16)")
+    b.add_argument("-r", "--repeats", type=int, default=3, help="repeats per test (default 3)")
     b.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (batched, streaming)")

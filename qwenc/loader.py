@@ -46,7 +46,7 @@ def _gguf_parts(path: Path):
     return cfg, tensors, tokenizer, {}, template
 
 
-def load(path, dtype: str = None, threads: int = None, context: int = 4096, activations: str = "f32") -> Model:
+def load(path, dtype: str = None, threads: int = None, context: int = 4096, activations: str = "int16") -> Model:
     """Load a Qwen2/Qwen2.5/Qwen3 model.
 
     path:    model directory, .gguf file, demo name, or hub id (OWNER/REPO[:QUANT][@REV],
@@ -55,11 +55,14 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096, acti
              "f32", "bf16" or "q8_0" re-encode the weight matrices in memory at load
     threads: kernel threads (default: $QWENC_THREADS, else the CPUs this process may use)
     context: KV cache capacity of each sequence, in tokens
-    activations: decode's arithmetic on block-quantized (GGUF, q8_0) weights. "f32" (default)
-             multiplies them by float32 activations: what transformers computes on the
-             dequantized model, token for token. "int16" rounds each activation row to 16-bit
-             codes for integer dot products (faster; logits within ~1e-3 of f32), "int8" to
-             8-bit codes (fastest; an occasional near-tie between two tokens flips)
+    activations: the arithmetic on block-quantized (GGUF, q8_0) weights, prefill and decode
+             alike. "int16" (default) rounds each activation row to 16-bit codes per 32 values
+             for integer dot products on repacked weights: against transformers' float32 model
+             of the demo and 1.5B GGUFs, 100% top-1 agreement and mean KL below 1e-8 nats.
+             "f32" multiplies the weights by float32 activations: what transformers computes
+             on the dequantized model, to float rounding (faster prefill, slower decode).
+             "int8" rounds to 8-bit codes (fastest; an occasional near-tie between two tokens
+             flips). Float weights (BF16/F16/F32) always run in float32.
     """
     if dtype not in DTYPES:
         raise InvalidRequest(f"dtype must be one of {DTYPES}, got {dtype!r}")

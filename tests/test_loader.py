@@ -57,8 +57,8 @@ def test_dtype_rejected(bf16_model):
 
 
 def test_activation_modes(bf16_model):
-    """Decode's activation modes on block-quantized weights (q8_0 re-encoding): f32 is the
-    default; int16 stays within ~1e-5 of it, int8 within ~1e-2, and both really differ from it
+    """The activation modes on block-quantized weights (q8_0 re-encoding): int16 is the
+    default; it stays within ~1e-5 of f32, int8 within ~1e-2, and both really differ from it
     (the integer paths run). In every mode a prefill's rows get the arithmetic of decode's: its
     logits are the token-by-token ones, bit for bit. Float weights ignore the setting."""
     path, _ = bf16_model
@@ -68,7 +68,8 @@ def test_activation_modes(bf16_model):
         seq = model.new_sequence()
         return np.stack([np.asarray(model.forward(seq, [t])).reshape(-1) for t in ids])
 
-    exact = qwenc.load(path, dtype="q8_0")
+    assert qwenc.load(path, dtype="q8_0").activations == "int16"  # the default
+    exact = qwenc.load(path, dtype="q8_0", activations="f32")
     assert exact.activations == "f32"
     ref = decode_logits(exact)
     np.testing.assert_array_equal(exact.logits(ids, all_positions=True), ref)
@@ -82,6 +83,13 @@ def test_activation_modes(bf16_model):
         assert 0 < errs[mode] < tol, (mode, errs[mode])
         np.testing.assert_array_equal(model.logits(ids, all_positions=True), got)
     assert errs["int16"] * 20 < errs["int8"], errs
+    # the int modes run on repacked copies; a re-encoded (in-memory) original is not kept beside one
+    w = qwenc.load(path, dtype="q8_0", activations="int8").weights
+    for lin in w.linears():
+        assert lin.packed is not None and lin.packed.dtype == 256 + 8
+        tied = lin is w.head and w.lm_head is w.embed
+        assert (lin.weight is lin.packed) != tied
+    assert all(lin.packed is None for lin in exact.weights.linears())  # f32 keeps the stored layout
     # BF16 weights: no integer path, so every mode computes the same thing
     a = decode_logits(qwenc.load(path))
     np.testing.assert_array_equal(decode_logits(qwenc.load(path, activations="int8")), a)

@@ -48,7 +48,8 @@ GREEDY_TOKENS, TIE_GAP = 48, 1e-3
 
 @pytest.fixture(scope="module")
 def ours(demo_gguf):
-    return qwenc.load(demo_gguf, context=1024)
+    """The exact mode: float32 activations, what transformers computes on the same weights."""
+    return qwenc.load(demo_gguf, context=1024, activations="f32")
 
 
 @pytest.fixture(scope="module")

@@ -240,6 +240,14 @@ def test_cli_chat_ctrl_c_stops_the_answer_not_the_session(model_dir):
 
 
 def test_cli_bench_reports_speeds_and_roofline(model_dir):
-    r = run_cli("bench", "-m", str(model_dir), "--prompt", "8", "--gen", "4", "--repeats", "1")
+    r = run_cli("bench", "-m", str(model_dir), "-p", "8", "-n", "4", "-d", "20", "-b", "1,3", "--batch-steps", "2",
+                "-r", "2")
     assert r.returncode == 0, r.stderr
-    assert "prefill" in r.stdout and "decode" in r.stdout and "roofline" in r.stdout
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("| model | size | params | mode | threads | test | t/s |")
+    tests = [line.split("|")[6].strip() for line in lines[2:] if line.startswith("| ")]
+    assert tests == ["pp8", "tg4", "tg4 @ d20", "tg2 x B=1", "tg2 x B=3"], tests
+    for line in lines[2:2 + len(tests)]:
+        mean, sd = line.split("|")[7].split("±")
+        assert float(mean) > 0 and float(sd) >= 0
+    assert "% of the roofline" in r.stdout and "peak RSS" in r.stdout

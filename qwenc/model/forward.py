@@ -26,7 +26,7 @@ from .. import _ops
 from .._ops import ACTIVATIONS
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..formats.config import ModelConfig
-from .weights import Layer, Linear, Weights
+from .weights import Layer, Weights
 
 BLOCK_SIZE = 16       # token positions per KV block
 PREFILL_CHUNK = 512   # prompt tokens per step in Transformer.forward: bounds activation memory
@@ -170,6 +170,10 @@ class Transformer:
         self.threads = int(threads or default_threads())
         if self.threads < 1:
             raise InvalidRequest(f"threads must be >= 1, got {threads}")
+        # The kernels' thread count is process-wide: set at load so that it already holds for
+        # kernels called outside a step, and again before every step, since another model loaded
+        # since may have changed it.
+        _ops.set_threads(self.threads)
         # "f32" computes what transformers computes on the dequantized weights; "int16"/"int8"
         # round activations to 16/8-bit codes for integer dots on block-quantized weights.
         self.activations = activations
@@ -180,6 +184,8 @@ class Transformer:
         self.inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
         self.scale = float(1.0 / np.sqrt(hd))
         self._ws = None
+        if self._act:  # the integer modes run on row-interleaved copies of the quantized weights
+            weights.repack()
 
     def _workspace(self, T: int) -> Workspace:
         ws = self._ws
@@ -273,7 +279,7 @@ class Transformer:
             rows = np.asarray(wanted, dtype=np.int64)
             h = np.empty((len(rows), cfg.hidden_size), np.float32)
             _ops.rmsnorm(np.ascontiguousarray(ws.x[rows]), w.norm, cfg.rms_norm_eps, h)
-            Linear(w.lm_head)(h, logits, self._act)
+            w.head(h, logits, self._act)
         return logits
 
     @staticmethod

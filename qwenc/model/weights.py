@@ -1,8 +1,12 @@
 """A model's weights as the forward pass uses them: matrices in their stored type, vectors in float32.
 
 `Weights` picks the tensors a config needs out of a {name: Tensor} map (from either file format),
-checking every shape, and optionally re-encodes the matrices (`dtype=` at load).
+checking every shape, and optionally re-encodes the matrices (`dtype=` at load). For the integer
+activation modes, `Weights.repack()` adds to each block-quantized matrix its row-interleaved copy
+(csrc/intdot.c: the same values, laid out so one unpacked block serves 8 rows and every
+activation row of a product) and lets the mapped file's pages of the original go.
 """
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,23 +24,42 @@ def _type_name(dtype: int) -> str:
 
 @dataclass
 class Linear:
-    """y = x @ W.T (+ b): W stays in its stored type; b (if any) is float32."""
+    """y = x @ W.T (+ b): W stays in its stored type; b (if any) is float32. `packed`, when set,
+    is W repacked for the integer path (same values, so every product gives the same bits on
+    it): the products use it."""
     weight: Tensor
     bias: np.ndarray = None
+    packed: Tensor = None
 
     @property
     def out_features(self):
         return self.weight.shape[0]
 
+    def _matrix(self) -> Tensor:
+        return self.packed if self.packed is not None else self.weight
+
     def __call__(self, x: np.ndarray, out: np.ndarray, act: int = 0):
-        w = self.weight
+        w = self._matrix()
         _ops.matmul(w.data, w.dtype, w.shape[0], w.shape[1], x, out, self.bias, act)
         return out
 
     def product(self, out: np.ndarray):
         """This layer's part of a group product (_ops.matmul_group) writing into out."""
-        w = self.weight
+        w = self._matrix()
         return (w.data, w.dtype, w.shape[0], out, self.bias)
+
+    def repack(self, tied: bool = False) -> bool:
+        """Add the row-interleaved copy of a block-quantized W (once); False for other types.
+        `tied`: W is also the embedding table, whose rows the lookup reads as stored."""
+        w = self.weight
+        if self.packed is None and _ops.r8_of(w.dtype):
+            data, code = _ops.repack(w.data.reshape(-1), w.dtype, w.shape[0], w.shape[1])
+            self.packed = Tensor(w.name, code, w.shape, data, w.source)
+            if not _release_pages(w.data) and not tied:
+                # an in-memory original (re-encoded at load): keeping both would hold the weights
+                # twice; the repacked copy has the same values in every mode
+                self.weight = self.packed
+        return self.packed is not None
 
 
 @dataclass
@@ -69,6 +92,7 @@ class Weights:
             # Untied: the head is a matrix of its own. Falling back to the embedding when it is
             # missing would give a model that talks, but not the one the config describes.
             self.lm_head = self.matrix("lm_head.weight", (cfg.vocab_size, h))
+        self.head = Linear(self.lm_head)
         self.layers = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
@@ -86,6 +110,19 @@ class Weights:
                 up=Linear(self.matrix(p + "mlp.up_proj.weight", (inter, h))),
                 down=Linear(self.matrix(p + "mlp.down_proj.weight", (h, inter))),
             ))
+
+    def linears(self):
+        """Every weight matrix the products read: each layer's seven, then the output head."""
+        for layer in self.layers:
+            yield from (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)
+        yield self.head
+
+    def repack(self):
+        """Repack every block-quantized matrix for the integer path (see the module doc). Each
+        Linear keeps its original Tensor too (a tied head's is the embedding, whose rows the
+        lookup reads)."""
+        for lin in self.linears():
+            lin.repack(tied=lin is self.head and self.lm_head is self.embed)
 
     def get(self, name, shape) -> Tensor:
         t = self.tensors.get(name)
@@ -118,6 +155,29 @@ class Weights:
         if not expected:
             return None
         return self.vector(name, n)
+
+
+def _release_pages(data: np.ndarray):
+    """Let the OS drop this process's pages of a read-only file mapping that `data` views (after
+    it was copied elsewhere): they are clean, so a later read just maps them in again. Keeps the
+    resident size at about one copy of the weights while they are repacked. Returns False (and
+    does nothing) for data that is not a view of an mmap."""
+    root, base = data, data.base
+    while isinstance(base, np.ndarray):
+        root, base = base, base.base
+    if isinstance(base, memoryview):  # np.frombuffer(mmap) keeps a memoryview of it
+        base = base.obj
+    if not isinstance(base, mmap.mmap) or not hasattr(base, "madvise"):
+        return False
+    start = data.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    page = mmap.PAGESIZE
+    first, last = -(-start // page) * page, (start + data.nbytes) // page * page  # whole pages inside
+    if last > first:
+        try:
+            base.madvise(mmap.MADV_DONTNEED, first, last - first)
+        except (OSError, ValueError):
+            pass
+    return True
 
 
 # ---------------------------------------------------------------- weight type conversion

@@ -1,0 +1,258 @@
+/* Activation rows of the integer path (quant.h): float32 values rounded to 8-bit codes per 32
+ * values (or to two 8-bit levels for 16 bits), with the block scales and code sums the dot
+ * kernels need. The plain and AVX2 quantizers write the same bytes. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "kernels.h"
+#include "qblock.h"
+
+#if QW_HAVE_X86
+#include <immintrin.h>
+#endif
+
+/* The types with an integer dot (intdot.c). */
+static int has_int_dot(int dtype) {
+    switch (dtype) {
+    case QW_Q4_0: case QW_Q4_1: case QW_Q5_0: case QW_Q5_1: case QW_Q8_0:
+    case QW_Q4_K: case QW_Q5_K: case QW_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+size_t qw_act_bytes(int dtype, int64_t n, int bits) {
+    if (!has_int_dot(dtype) || n % QK || (bits != 8 && bits != 16)) return 0;
+    return bits == 16 ? 2 * ACT_HALF(n) : ACT_HALF(n);
+}
+
+/* Below this max|x| a block is quantized to zeros: 1 / d would overflow for some such blocks. */
+#define ACT_TINY 1e-30f
+
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The block scale from the largest |x| bit pattern (|x| bits order as the values do, with NaN
+ * above infinity, so non-finite inputs are seen wherever they are): d, and 1 / d (0 for a zero
+ * block). Returns 0 for a block with non-finite values (d = NaN), whose codes must be zeros. */
+static inline int act_scale(uint32_t amax_bits, float *d, float *id) {
+    if (amax_bits >= 0x7f800000u) {
+        *d = NAN;
+        *id = 0.0f;
+        return 0;
+    }
+    float amax = bits_f32(amax_bits);
+    if (amax < ACT_TINY) {
+        *d = 0.0f;
+        *id = 0.0f;
+        return 1;
+    }
+    *d = amax / 127.0f;
+    *id = 1.0f / *d;
+    return 1;
+}
+
+/* Nearest integer, ties to even, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits. */
+static inline float round_even(float v) {
+    const float magic = 12582912.0f;
+    return (v + magic) - magic;
+}
+
+static int sum_codes(const int8_t *q, int len) {
+    int s = 0;
+    for (int j = 0; j < len; j++) s += q[j];
+    return s;
+}
+
+static void quantize_act_plain(const float *x, void *dst, int64_t n) {
+    int8_t *q = dst;
+    float *d = (float *)(q + n), *s = d + n / QK;
+    int16_t *bs = (int16_t *)(s + n / QK);
+    for (int64_t i = 0; i < n / QK; i++, x += QK, q += QK) {
+        uint32_t amax = 0;
+        for (int j = 0; j < QK; j++) {
+            uint32_t a = f32_bits(x[j]) & 0x7fffffffu;
+            amax = a > amax ? a : amax;
+        }
+        float id;
+        if (act_scale(amax, &d[i], &id))
+            for (int j = 0; j < QK; j++) q[j] = (int8_t)(int)round_even(x[j] * id);
+        else
+            memset(q, 0, QK);
+        bs[2 * i] = (int16_t)sum_codes(q, 16);
+        bs[2 * i + 1] = (int16_t)sum_codes(q + 16, 16);
+        s[i] = d[i] * (float)(bs[2 * i] + bs[2 * i + 1]);
+    }
+}
+
+/* A 16-bit act row is two 8-bit act rows, level 1 then level 2 (see quant.h). With t = x / d:
+ * q1 = round(t), q2 = round(256 (t - q1)) clamped to +-127, and level 2's scale is d / 256.
+ * t - q1 and the product by 256 are exact in float32, so every path writes the same codes. */
+static inline int8_t level2_code(float t, float a) {
+    float r = round_even((t - a) * 256.0f);
+    return (int8_t)(int)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+}
+
+static void quantize_act16_plain(const float *x, void *dst, int64_t n) {
+    int8_t *q = dst, *q2 = q + ACT_HALF(n);
+    float *d = (float *)(q + n), *s = d + n / QK, *d2 = (float *)(q2 + n), *s2 = d2 + n / QK;
+    int16_t *bs = (int16_t *)(s + n / QK), *bs2 = (int16_t *)(s2 + n / QK);
+    for (int64_t i = 0; i < n / QK; i++, x += QK, q += QK, q2 += QK) {
+        uint32_t amax = 0;
+        for (int j = 0; j < QK; j++) {
+            uint32_t a = f32_bits(x[j]) & 0x7fffffffu;
+            amax = a > amax ? a : amax;
+        }
+        float id;
+        if (act_scale(amax, &d[i], &id)) {
+            for (int j = 0; j < QK; j++) {
+                float t = x[j] * id, a = round_even(t);
+                q[j] = (int8_t)(int)a;
+                q2[j] = level2_code(t, a);
+            }
+        } else {
+            memset(q, 0, QK);
+            memset(q2, 0, QK);
+        }
+        d2[i] = d[i] * (1.0f / 256.0f);
+        bs[2 * i] = (int16_t)sum_codes(q, 16);
+        bs[2 * i + 1] = (int16_t)sum_codes(q + 16, 16);
+        bs2[2 * i] = (int16_t)sum_codes(q2, 16);
+        bs2[2 * i + 1] = (int16_t)sum_codes(q2 + 16, 16);
+        s[i] = d[i] * (float)(bs[2 * i] + bs[2 * i + 1]);
+        s2[i] = d2[i] * (float)(bs2[2 * i] + bs2[2 * i + 1]);
+    }
+}
+
+
+/* ---------------------------------------------------------------- AVX2 */
+#if QW_HAVE_X86
+
+QW_TARGET_AVX2 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+QW_TARGET_AVX2 static inline int hsum_i32(__m256i v) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+    return _mm_cvtsi128_si32(r);
+}
+
+/* The largest |x| bit pattern of 32 values. */
+QW_TARGET_AVX2 static inline uint32_t amax_bits32(const float *x) {
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    __m256i m = _mm256_and_si256(load32(x), abs_mask);
+    m = _mm256_max_epi32(m, _mm256_and_si256(load32(x + 8), abs_mask));
+    m = _mm256_max_epi32(m, _mm256_and_si256(load32(x + 16), abs_mask));
+    m = _mm256_max_epi32(m, _mm256_and_si256(load32(x + 24), abs_mask));
+    __m128i r = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    r = _mm_max_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+    r = _mm_max_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+    return (uint32_t)_mm_cvtsi128_si32(r);
+}
+
+/* 32 codes round(x * id) (vcvtps2dq rounds to nearest even, as round_even) stored at q; the sums
+ * of codes 0-15 and 16-31 in *lo, *hi. */
+QW_TARGET_AVX2 static inline void quant32_avx2(const float *x, __m256 id, int8_t *q, int *lo, int *hi) {
+    __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), id));
+    __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id));
+    __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id));
+    __m256i d = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
+    /* packing works per 128-bit lane: dwords come out as a0-3 b0-3 c0-3 d0-3 a4-7 b4-7 ... */
+    __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    packed = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, packed);
+    *lo = hsum_i32(_mm256_add_epi32(a, b));
+    *hi = hsum_i32(_mm256_add_epi32(c, d));
+}
+
+QW_TARGET_AVX2 static void quantize_act_avx2(const float *x, void *dst, int64_t n) {
+    int8_t *q = dst;
+    float *d = (float *)(q + n), *s = d + n / QK;
+    int16_t *bs = (int16_t *)(s + n / QK);
+    for (int64_t i = 0; i < n / QK; i++, x += QK, q += QK) {
+        float id;
+        int lo = 0, hi = 0;
+        if (act_scale(amax_bits32(x), &d[i], &id))
+            quant32_avx2(x, _mm256_set1_ps(id), q, &lo, &hi);
+        else
+            memset(q, 0, QK);
+        bs[2 * i] = (int16_t)lo;
+        bs[2 * i + 1] = (int16_t)hi;
+        s[i] = d[i] * (float)(lo + hi);
+    }
+}
+
+/* ---- products of one 32-value block with 32 activation codes: 8 int32 partial sums */
+
+
+QW_TARGET_AVX2 static void quantize_act16_avx2(const float *x, void *dst, int64_t n) {
+    int8_t *q = dst, *q2 = q + ACT_HALF(n);
+    float *d = (float *)(q + n), *s = d + n / QK, *d2 = (float *)(q2 + n), *s2 = d2 + n / QK;
+    int16_t *bs = (int16_t *)(s + n / QK), *bs2 = (int16_t *)(s2 + n / QK);
+    const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t i = 0; i < n / QK; i++, x += QK, q += QK, q2 += QK) {
+        float id;
+        if (!act_scale(amax_bits32(x), &d[i], &id)) {
+            memset(q, 0, QK);
+            memset(q2, 0, QK);
+            bs[2 * i] = bs[2 * i + 1] = bs2[2 * i] = bs2[2 * i + 1] = 0;
+            d2[i] = d[i] * (1.0f / 256.0f);
+            s[i] = s2[i] = d[i] * 0.0f;
+            continue;
+        }
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i c1[4], c2[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), vid);
+            __m256 a = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            c1[k] = _mm256_cvtps_epi32(a);
+            __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(t, a), _mm256_set1_ps(256.0f)));
+            c2[k] = _mm256_max_epi32(_mm256_min_epi32(r, lim), nlim);
+        }
+        __m256i p1 = _mm256_packs_epi16(_mm256_packs_epi32(c1[0], c1[1]), _mm256_packs_epi32(c1[2], c1[3]));
+        __m256i p2 = _mm256_packs_epi16(_mm256_packs_epi32(c2[0], c2[1]), _mm256_packs_epi32(c2[2], c2[3]));
+        _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p1, order));
+        _mm256_storeu_si256((__m256i *)q2, _mm256_permutevar8x32_epi32(p2, order));
+        int lo = hsum_i32(_mm256_add_epi32(c1[0], c1[1])), hi = hsum_i32(_mm256_add_epi32(c1[2], c1[3]));
+        int lo2 = hsum_i32(_mm256_add_epi32(c2[0], c2[1])), hi2 = hsum_i32(_mm256_add_epi32(c2[2], c2[3]));
+        bs[2 * i] = (int16_t)lo;
+        bs[2 * i + 1] = (int16_t)hi;
+        bs2[2 * i] = (int16_t)lo2;
+        bs2[2 * i + 1] = (int16_t)hi2;
+        d2[i] = d[i] * (1.0f / 256.0f);
+        s[i] = d[i] * (float)(lo + hi);
+        s2[i] = d2[i] * (float)(lo2 + hi2);
+    }
+}
+
+#endif /* QW_HAVE_X86 */
+
+/* ---------------------------------------------------------------- dispatch */
+
+void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n, int bits) {
+    if (!qw_act_bytes(dtype, n, bits)) return;
+#if QW_HAVE_X86
+    if (qw_use_avx2()) {
+        if (bits == 16)
+            quantize_act16_avx2(x, dst, n);
+        else
+            quantize_act_avx2(x, dst, n);
+        return;
+    }
+#endif
+    if (bits == 16)
+        quantize_act16_plain(x, dst, n);
+    else
+        quantize_act_plain(x, dst, n);
+}
+

@@ -1,0 +1,48 @@
+/* The SIMD kernels one kernel file provides to another (internal to csrc/). Each has a plain
+ * twin in the file that dispatches to it; cpu.c decides which runs. */
+#ifndef QWENC_KERNELS_H
+#define QWENC_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu.h"
+#include "fdot.h"
+
+/* quant_avx2.c: dequantizers (quant.c's plain ones, bit for bit). */
+void qw_dequant_f16_avx2(const void *src, float *dst, int64_t n);
+void qw_dequant_bf16_avx2(const void *src, float *dst, int64_t n);
+void qw_dequant_q4_0_avx2(const void *src, float *dst, int64_t n);
+void qw_dequant_q4_1_avx2(const void *src, float *dst, int64_t n);
+void qw_dequant_q5_0_avx2(const void *src, float *dst, int64_t n);
+void qw_dequant_q5_1_avx2(const void *src, float *dst, int64_t n);
+void qw_dequant_q8_0_avx2(const void *src, float *dst, int64_t n);
+void qw_dequant_q4_k_avx2(const void *src, float *dst, int64_t n);
+void qw_dequant_q5_k_avx2(const void *src, float *dst, int64_t n);
+void qw_dequant_q6_k_avx2(const void *src, float *dst, int64_t n);
+
+/* quant_avx2.c: the chains (fdot.h) of `rows` weight rows of a stored type, `stride` bytes apart,
+ * continued over the first K & ~7 values of x, the weights widened in registers: acc[r] for row r. */
+void qw_fdot_rows_avx2(int dtype, const uint8_t *w, size_t stride, int rows, const float *x, int64_t K,
+                       qw_fdot_acc *acc);
+
+/* The integer product of one repacked 8-row group with M act rows (quant.h's order):
+ * out[m * 8 + r] for row r of the group and act row m (at xq + m * xstride), M <= QW_R8_MAX_M. */
+#define QW_R8_MAX_M 16
+typedef void (*qw_r8_fn)(const uint8_t *group, int64_t K, const uint8_t *xq, size_t xstride, int64_t M, float *out);
+
+/* intdot_avx2.c, intdot_avx512.c: the AVX2 and AVX-512 VNNI products per stored type and act
+ * bits (NULL for other types; the AVX-512 ones give the AVX2 ones' bits). */
+qw_r8_fn qw_r8_kernel_avx2(int dtype, int bits);
+qw_r8_fn qw_r8_kernel_avx512(int dtype, int bits);
+
+/* intdot.c: the kernel for `dtype` (a stored type with an integer dot) on the current SIMD
+ * setting, and the group layout's size. */
+qw_r8_fn qw_r8_kernel(int dtype, int bits);
+/* Bytes of one repacked 8-row group of K values (`dtype` the stored type). */
+size_t qw_r8_group_bytes(int dtype, int64_t K);
+/* Repack rows [0, n) (n <= 8) of stored type `dtype` at src (row stride `stride`) into one
+ * group (the missing rows zeros). */
+void qw_repack_group(int dtype, const uint8_t *src, size_t stride, int n, int64_t K, uint8_t *group);
+
+#endif

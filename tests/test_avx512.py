@@ -1,0 +1,95 @@
+"""The AVX-512 VNNI integer products (csrc/intdot_avx512.c), run on any CPU through SIMDe.
+
+The file is compiled here a second time, against SIMD Everywhere's portable implementations of
+the AVX-512 intrinsics (QW_SIMDE; the `simde-py` package ships the headers), into a small
+library with a test entry point (tests/avx512_harness.c). Its products on repacked weights must
+equal the AVX2 path's bit for bit: the block sums are exact integers on both, and the float work
+after them is the same. This checks the kernels' logic (layout, shifts, offsets, scales), not
+their speed, nor the compiler's native AVX-512 code generation, which only an AVX-512 CPU runs.
+"""
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qwenc import _ops, _quant
+from test_quant import BLOCK_TYPES, CODE, act_inputs, synthetic
+
+ROOT = Path(__file__).resolve().parent.parent
+K_CASES = {name: ([32, 96, 160, 288] if name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0") else [256, 768])
+           for name in BLOCK_TYPES}
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    import simde_py
+    cc = os.environ.get("CC", "cc")
+    out = tmp_path_factory.mktemp("avx512") / "libqw_avx512.so"
+    # AVX2, FMA and F16C natively (the test compares against the AVX2 path, so the CPU has them):
+    # SIMDe then emulates only the AVX-512 operations, and the FMAs stay fused, as on real hardware
+    cmd = [cc, "-O1", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-Wno-psabi", "-DQW_SIMDE",
+           "-mavx2", "-mfma", "-mf16c",
+           f"-I{ROOT / 'csrc'}", f"-I{simde_py.get_include()}", "-fPIC", "-shared", "-o", str(out),
+           str(ROOT / "csrc" / "intdot_avx512.c"), str(ROOT / "tests" / "avx512_harness.c")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lib = ctypes.CDLL(str(out))
+    lib.qw_test_r8_avx512.restype = ctypes.c_int
+    lib.qw_test_r8_avx512.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                      ctypes.c_size_t, ctypes.c_int64, ctypes.c_void_p]
+    return lib
+
+
+def avx512_product(lib, dtype, bits, group, K, xq, M):
+    out = np.empty((M, 8), np.float32)
+    rc = lib.qw_test_r8_avx512(dtype, bits, group.ctypes.data, K, xq.ctypes.data, xq.shape[1], M, out.ctypes.data)
+    assert rc == 0
+    return out
+
+
+@pytest.fixture
+def avx2():
+    if not _ops.has_avx2():
+        pytest.fail("the AVX-512 kernels are checked against the AVX2 ones, which this CPU cannot run")
+    prev = _ops.set_simd(True), _quant.set_simd(True)
+    yield
+    _ops.set_simd(prev[0])
+    _quant.set_simd(prev[1])
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="builds a shared library with the system C compiler")
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+@pytest.mark.parametrize("bits", [8, 16])
+def test_avx512_products_equal_avx2(lib, avx2, name, bits):
+    for K in K_CASES[name]:
+        data = synthetic(name, 8, K, seed=K + bits).reshape(-1)
+        packed, r8 = _ops.repack(data, CODE[name], 8, K)
+        for M in (1, 5, 16):
+            x = np.ascontiguousarray(act_inputs(K, np.random.default_rng(M))[np.arange(M) % 4]
+                                     * np.float32(1 + np.arange(M)[:, None]))
+            want = np.empty((M, 8), np.float32)
+            _ops.matmul(packed, r8, 8, K, x, want, None, bits)
+            xq = np.ascontiguousarray(_quant.quantize_activations(x, CODE[name], bits=bits))
+            got = avx512_product(lib, CODE[name], bits, packed, K, xq, M)
+            assert np.isfinite(want).all()
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} int{bits} K={K} M={M}")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="builds a shared library with the system C compiler")
+def test_falsifier_a_changed_code_is_seen(lib, avx2):
+    """The comparison above sees one code changed in the repacked weights."""
+    K = 256
+    data = synthetic("Q5_0", 8, K, seed=1).reshape(-1)
+    packed, r8 = _ops.repack(data, CODE["Q5_0"], 8, K)
+    x = np.ascontiguousarray(act_inputs(K, np.random.default_rng(2)))
+    xq = np.ascontiguousarray(_quant.quantize_activations(x, CODE["Q5_0"]))
+    want = np.empty((4, 8), np.float32)
+    _ops.matmul(packed, r8, 8, K, x, want, None, 8)
+    bad = packed.copy()
+    bad[100] ^= 0x01  # a nibble of the first record's codes
+    assert not np.array_equal(avx512_product(lib, CODE["Q5_0"], 8, bad, K, xq, 4), want)
+    np.testing.assert_array_equal(avx512_product(lib, CODE["Q5_0"], 8, packed, K, xq, 4), want)

@@ -1,0 +1,119 @@
+"""The integer path's row-interleaved ("R8") layouts: repacking keeps every value, and every
+product on a repacked matrix gives, bit for bit, what it gives on the stored one.
+
+Oracles: the gguf package's dequantization of the stored bytes (the repacked matrix must widen
+to exactly those floats, every row, padding rows excluded), and the products on the stored
+layout (tested against numpy in test_quant.py). Row counts that are not multiples of 8 exercise
+the zero padding of the last group; block counts of 1, 3, 5 and 9 the kernels' loops.
+"""
+import numpy as np
+import pytest
+
+from qwenc import _ops, _quant
+from test_quant import (BLOCK_TYPES, CODE, GT, act_inputs, assert_int_dot_close, random_blocks,  # noqa: F401
+                        ref_dequantize, row_values, synthetic, weight_mins)
+
+# Bytes of one record (a block of 8 rows) of each repacked layout (csrc/intdot.c).
+RECORD_BYTES = {"Q4_0": 144, "Q4_1": 160, "Q5_0": 176, "Q5_1": 192, "Q8_0": 272, "Q4_K": 1184, "Q5_K": 1440,
+                "Q6_K": 1680}
+BS = {name: 256 if name.endswith("_K") else 32 for name in BLOCK_TYPES}
+K_CASES = {name: ([32, 96, 160, 288] if name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0") else [256, 768])
+           for name in BLOCK_TYPES}
+
+
+@pytest.fixture(params=[True, False], ids=["avx2", "plain"])
+def simd(request):
+    if request.param and not _ops.has_avx2():
+        pytest.skip("CPU without AVX2/FMA/F16C")
+    prev = _ops.set_simd(request.param), _quant.set_simd(request.param)
+    yield request.param
+    _ops.set_simd(prev[0])
+    _quant.set_simd(prev[1])
+
+
+def bits_equal(a, b):
+    return ((a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))).all()
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+@pytest.mark.parametrize("N", [1, 8, 13])
+def test_repacked_values_are_the_stored_values(name, N):
+    """Every row of the repacked matrix widens to the reference dequantization of the stored row,
+    bit for bit, including blocks with random scale bits (zero, subnormal, inf, NaN)."""
+    for K in K_CASES[name]:
+        for data in (synthetic(name, N, K, seed=N + K), random_blocks(name, N, K, np.random.default_rng(K), scale_bits=True)):
+            packed, r8 = _ops.repack(data.reshape(-1), CODE[name], N, K)
+            assert r8 == _ops.r8_of(CODE[name]) == 256 + CODE[name]
+            assert packed.size == -(-N // 8) * RECORD_BYTES[name] * (K // BS[name])
+            with np.errstate(all="ignore"):
+                want = ref_dequantize(data, GT[name]).reshape(N, K)
+            assert bits_equal(_quant.dequantize(packed, r8, N, K), want), (name, N, K)
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+@pytest.mark.parametrize("act", [0, 8, 16], ids=["f32", "int8", "int16"])
+def test_products_on_repacked_weights_equal_stored(name, act, simd):
+    """qw_matmul on the repacked matrix == on the stored one, bit for bit, for 1 to 40 rows of X
+    (more than one pass of the kernels' 16 act rows) and a row count with a partial last group."""
+    N = 21
+    for K in K_CASES[name][-2:]:
+        data = synthetic(name, N, K, seed=K).reshape(-1)
+        packed, r8 = _ops.repack(data, CODE[name], N, K)
+        bias = np.random.default_rng(K).standard_normal(N).astype(np.float32)
+        for M in (1, 3, 17, 40):
+            x = np.ascontiguousarray(act_inputs(K, np.random.default_rng(M))[np.arange(M) % 4]
+                                     * np.float32(1 + np.arange(M)[:, None]))
+            a = np.full((M, N), np.nan, np.float32)
+            b = np.full((M, N), np.nan, np.float32)
+            _ops.matmul(data, CODE[name], N, K, x, a, bias, act)
+            _ops.matmul(packed, r8, N, K, x, b, bias, act)
+            assert bits_equal(a, b), (name, act, K, M)
+            assert np.isfinite(a).all()
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+@pytest.mark.parametrize("bits", [8, 16])
+def test_repacked_products_against_the_exact_dot(name, bits, simd):
+    """The products over a repacked matrix (8 rows per unpacked block) against the float64 dot of
+    the reference weights with the act rows' values, to float32 rounding."""
+    N, K = 24, K_CASES[name][-1] * (4 if name in ("Q4_K", "Q5_K", "Q6_K") else 8)
+    data = synthetic(name, N, K, seed=5)
+    w = ref_dequantize(data, GT[name]).reshape(N, K)
+    packed, r8 = _ops.repack(data.reshape(-1), CODE[name], N, K)
+    x = np.ascontiguousarray(act_inputs(K, np.random.default_rng(6)))
+    y = np.empty((4, N), np.float32)
+    _ops.matmul(packed, r8, N, K, x, y, None, bits)
+    xq = _quant.quantize_activations(x, CODE[name], bits=bits)
+    for m in range(4):
+        assert_int_dot_close(y[m], w, row_values(xq[m], K, bits), weight_mins(data, name, N, K))
+
+
+def test_repack_argument_checks():
+    w = np.zeros(4 * 64 * 4, np.uint8)
+    with pytest.raises(ValueError, match="no repacked layout"):
+        _ops.repack(w, 0, 4, 64)  # F32
+    with pytest.raises(ValueError, match="too small"):
+        _ops.repack(w[:10], CODE["Q8_0"], 4, 64)
+    with pytest.raises(ValueError, match="bad shape"):
+        _ops.repack(w, CODE["Q8_0"], 4, 48)
+    packed, r8 = _ops.repack(_quant.quantize_q8_0(np.ones((4, 64), np.float32)).reshape(-1), CODE["Q8_0"], 4, 64)
+    with pytest.raises(ValueError, match="repacked"):
+        _quant.dot_rows(packed, r8, 4, 64, np.ones(64, np.float32))
+    with pytest.raises(ValueError, match="too small"):
+        _ops.matmul(packed[:-1], r8, 4, 64, np.ones((1, 64), np.float32), np.empty((1, 4), np.float32))
+
+
+# ---------------------------------------------------------------- falsifiers
+
+@pytest.mark.parametrize("name", ["Q5_0", "Q4_K", "Q6_K", "Q8_0"])
+def test_falsifier_a_moved_code_is_caught(name):
+    """One byte of the repacked codes changed: the values differ from the stored ones (the
+    equality above can see a misplaced code)."""
+    N, K = 8, 256
+    data = synthetic(name, N, K, seed=3)
+    packed, r8 = _ops.repack(data.reshape(-1), CODE[name], N, K)
+    want = ref_dequantize(data, GT[name]).reshape(N, K)
+    assert bits_equal(_quant.dequantize(packed, r8, N, K), want)
+    bad = packed.copy()
+    bad[-1] ^= 0x11  # a code byte of the last record (codes come last in every record)
+    assert not bits_equal(_quant.dequantize(bad, r8, N, K), want)
