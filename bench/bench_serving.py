@@ -33,6 +33,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -64,12 +65,15 @@ class ServerProcess:
     def __init__(self, name, cmd, port, env=None):
         self.name, self.port = name, port
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        # stderr goes to a file, not a pipe: llama.cpp logs a lot, and an undrained pipe blocks it
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log,
                                      env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 300
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited: {self.proc.stderr.read().decode()[-2000:]}")
+                self.log.seek(0)
+                raise RuntimeError(f"{name} exited: {self.log.read().decode(errors='replace')[-2000:]}")
             try:
                 if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
                     break
@@ -110,16 +114,21 @@ def stream_completion(url, prompt, max_tokens, out):
     t0 = time.perf_counter()
     times, text = [], []
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            piece = "".join(c.get("text") or "" for c in chunk.get("choices", []))
-            if piece:
-                times.append(time.perf_counter())
-                text.append(piece)
-    out.append((times[0] - t0 if times else None, times, "".join(text)))
+    failed = False
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+            failed = r.status_code != 200
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                piece = "".join(c.get("text") or "" for c in chunk.get("choices", []))
+                if piece:
+                    times.append(time.perf_counter())
+                    text.append(piece)
+    except httpx.HTTPError:  # a server that drops concurrent streams: counted, its text kept
+        failed = True
+    out.append((times[0] - t0 if times else None, times, "".join(text), failed))
 
 
 def pct(xs, q):
@@ -146,12 +155,13 @@ def run_level(url, c, per_client, gen, count_tokens, base):
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    tokens = sum(count_tokens(text) for _, _, text in results)
-    itl = [b - a for _, times, _ in results for a, b in zip(times, times[1:])]
+    tokens = sum(count_tokens(text) for _, _, text, _ in results)
+    itl = [b - a for _, times, _, _ in results for a, b in zip(times, times[1:])]
     ttft = [r[0] for r in results]
     return {"aggregate_tok_s": tokens / wall, "tokens": tokens, "wall_s": wall,
             "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99), "itl_p50": pct(itl, 0.5),
-            "itl_p99": pct(itl, 0.99), "requests": len(results)}
+            "itl_p99": pct(itl, 0.99), "requests": len(results),
+            "failed": sum(r[3] for r in results)}
 
 
 def ttft_under_load(url, count_tokens, long_prompt, tries=3):
@@ -238,21 +248,23 @@ def main():
                     r = run_level(srv.url, c, args.per_client, args.gen, count_tokens, base=1000 * c + rep)
                     runs[peer][c].append(r)
                     print(f"  [{rep}] {peer:17s} C={c:2d}  {r['aggregate_tok_s']:7.1f} tok/s  "
-                          f"TTFT p50 {r['ttft_p50']:.2f}s  ITL p50 {1000 * r['itl_p50']:.0f}ms", flush=True)
+                          f"TTFT p50 {r['ttft_p50']:.2f}s  ITL p50 {1000 * r['itl_p50']:.0f}ms  failed {r['failed']}/{r['requests']}",
+                          flush=True)
                 if not args.no_ttft_load:
                     loaded[peer].extend(ttft_under_load(srv.url, count_tokens, long_prompt, tries=1 if rep else 2))
             finally:
                 srv.stop()
     med = {p: {c: {k: statistics.median(r[k] for r in runs[p][c]) for k in runs[p][c][0]} for c in levels}
            for p in peers}
-    print("\n| server | streams | aggregate tok/s | vs 1 stream | TTFT p50 / p99 s | ITL p50 / p99 ms |")
-    print("|---|---|---|---|---|---|")
+    print("\n| server | streams | aggregate tok/s | vs 1 stream | TTFT p50 / p99 s | ITL p50 / p99 ms | failed requests |")
+    print("|---|---|---|---|---|---|---|")
     for p in peers:
         one = med[p][levels[0]]["aggregate_tok_s"]
         for c in levels:
             m = med[p][c]
             print(f"| {p} | {c} | {m['aggregate_tok_s']:.1f} | {m['aggregate_tok_s'] / one:.2f}x | "
-                  f"{m['ttft_p50']:.2f} / {m['ttft_p99']:.2f} | {1000 * m['itl_p50']:.0f} / {1000 * m['itl_p99']:.0f} |")
+                  f"{m['ttft_p50']:.2f} / {m['ttft_p99']:.2f} | {1000 * m['itl_p50']:.0f} / {1000 * m['itl_p99']:.0f} | "
+                  f"{m['failed']:.0f} of {m['requests']:.0f} |")
     if not args.no_ttft_load:
         print("\nTTFT of a 200-token prompt beside 8 decoding streams (s): " +
               ", ".join(f"{p} {statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]" for p, v in loaded.items() if v))

@@ -178,6 +178,18 @@ def test_cli_gen_dtype_and_activations(model_dir):
     assert r.returncode == 2 and "int4" in r.stderr
 
 
+def test_cli_default_activations_are_the_apis():
+    """Every command that loads a model runs in the mode qwenc.load() runs in by default: a
+    server or `gen` must not quietly use another arithmetic than the Python API."""
+    import inspect
+    import qwenc
+    from qwenc.cli import build_parser
+    default = inspect.signature(qwenc.load).parameters["activations"].default
+    ap = build_parser()
+    for argv in (["gen", "hi"], ["chat"], ["serve"], ["bench"]):
+        assert ap.parse_args(argv).activations == default, argv
+
+
 def test_cli_gen_chat_flag_and_errors(model, model_dir):
     r = run_cli("gen", "-m", str(model_dir), "--chat", "--temperature", "0", "-n", "8", "hi")
     assert r.returncode == 0, r.stderr
