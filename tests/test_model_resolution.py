@@ -342,7 +342,7 @@ def test_demo_table_matches_the_extras_that_install_it():
     extras = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())[
         "project"]["optional-dependencies"]
     for name, model in qwenc.formats.demo.DEMOS.items():
-        pins = [req.split("==") for req in extras[name]]
-        assert all(len(p) == 2 for p in pins), extras[name]  # pinned: the hash is of one release
+        pins = [req.split("==") for req in extras[model.extra]]
+        assert all(len(p) == 2 for p in pins), extras[model.extra]  # pinned: the hash is of one release
         assert [pkg.replace("-", "_") for pkg, _ in pins] == list(model.packages), name
     assert qwenc.formats.demo.DEMOS["demo-1.5b"].size == 1_117_320_768

@@ -30,10 +30,14 @@ class DemoModel:
     sha256: str
 
     @property
-    def install(self) -> str:
+    def extra(self) -> str:
         # Each demo's extra is named after it, dots as dashes: that is the name's normalized
         # form (PEP 685), the one spelling every pip release matches.
-        return f'pip install "qwenc[{self.name.replace(".", "-")}]"'
+        return self.name.replace(".", "-")
+
+    @property
+    def install(self) -> str:
+        return f'pip install "qwenc[{self.extra}]"'
 
 
 DEFAULT_DEMO = "demo"
