@@ -479,3 +479,32 @@ def test_absurd_counts_allocate_nothing(ws, tmp_path, what):
     finally:
         tracemalloc.stop()
     assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB allocated for a {len(raw)}-byte file"
+
+
+@pytest.mark.parametrize("what", ["tensor name", "metadata key", "string value", "array"])
+def test_lengths_the_file_could_hold_still_allocate_little(ws, tmp_path, what):
+    """A length or count that fits in the file's size (here a sparse 1.2 GB file) is bounded by
+    what real files use, not only by the bytes left: otherwise a header field could make Python
+    objects of gigabytes out of the zeros behind it."""
+    kvs = list(ws.mini["kvs"])
+    if what in ("string value", "array"):
+        kvs.insert(0, ("x.big", G.STRING, "abc") if what == "string value" else ("x.big", G.ARRAY, (G.UINT8, [1])))
+    raw = bytearray(write_gguf(_parts(ws, kvs=kvs)))
+    if what == "tensor name":
+        at = raw.index(b"token_embd.weight") - 8
+    elif what == "metadata key":
+        at = raw.index(kvs[0][0].encode()) - 8
+    else:
+        at = raw.index(b"x.big") + len(b"x.big") + 4 + (4 if what == "array" else 0)
+    struct.pack_into("<Q", raw, at, 1 << 30)
+    path = tmp_path / "long.gguf"
+    with open(path, "wb") as f:
+        f.write(bytes(raw))
+        f.truncate(len(raw) + (1200 << 20))
+    tracemalloc.start()
+    try:
+        refused(path, GGUFError, "at most")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB allocated"

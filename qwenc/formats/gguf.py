@@ -37,6 +37,13 @@ GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML tensors have at most 4 dimensions
+# Bounds on what one header field may make qwenc build, far above any real file's, so that a
+# length or count that the file's size allows (a large file, or a sparse one) still cannot make
+# Python objects of gigabytes: GGML names tensors in at most 63 bytes; the largest string in real
+# files is an embedded tokenizer.json of ~10 MB; the largest arrays are vocabularies of ~256k.
+MAX_NAME_BYTES = 1 << 16
+MAX_STRING_BYTES = 64 << 20
+MAX_ARRAY_ITEMS = 1 << 24
 
 # Metadata value types.
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
@@ -120,9 +127,11 @@ class _Cursor:
     def u64(self):
         return self.scalar(UINT64)
 
-    def string(self):
+    def string(self, limit=MAX_STRING_BYTES, what="string"):
         n = self.u64()
-        start = self.take(n)
+        start = self.take(n)  # first, so that a length the file cannot hold says so
+        if n > limit:
+            raise self.error(f"{what} of {n} bytes at byte {start - 8} (at most {limit})")
         # Exact round trip: bytes that are not UTF-8 survive as lone surrogates.
         return bytes(self.buf[start:start + n]).decode("utf-8", errors="surrogateescape")
 
@@ -140,18 +149,27 @@ class _Cursor:
             raise self.error("metadata arrays nested too deeply")
         etype = self.u32()
         count = self.u64()
+        at = self.pos - 8
+
+        def bounded():  # after the size checks, so a count the file cannot hold says so
+            if count > MAX_ARRAY_ITEMS:
+                raise self.error(f"metadata array of {count} items at byte {at} (at most {MAX_ARRAY_ITEMS})")
+
         if etype in _SCALAR:
             _, dtype = _SCALAR[etype]
             itemsize = np.dtype(dtype).itemsize
             start = self.take(count * itemsize)
+            bounded()
             # Fixed-size elements in one go; tolist() gives Python ints/floats/bools.
             return np.frombuffer(self.buf, dtype=np.dtype(dtype).newbyteorder("<"), count=count,
                                  offset=start).tolist()
         if etype == STRING:
             self.need(count, 8, "strings")
+            bounded()
             return self.string_array(count)
         if etype == ARRAY:
             self.need(count, 12, "arrays")
+            bounded()
             return [self.array(depth + 1) for _ in range(count)]
         raise self.error(f"unknown metadata array element type {etype} at byte {self.pos - 12}")
 
@@ -170,6 +188,8 @@ class _Cursor:
             if pos + n > size:
                 self.pos = pos
                 self.take(n)
+            if n > MAX_STRING_BYTES:
+                raise self.error(f"string of {n} bytes at byte {pos - 8} (at most {MAX_STRING_BYTES})")
             out.append(bytes(buf[pos:pos + n]).decode("utf-8", errors="surrogateescape"))
             pos += n
         self.pos = pos
@@ -217,7 +237,7 @@ class GGUFFile:
         cur.need(n_kv, 8 + 4 + 1, "metadata entries")
         cur.need(n_tensors, 8 + 4 + 8 + 4 + 8, "tensor entries")
         for _ in range(n_kv):
-            key = cur.string()
+            key = cur.string(MAX_NAME_BYTES, "metadata key")
             vtype = cur.u32()
             if key in self.metadata:
                 raise cur.error(f"duplicate metadata key {key!r}")
@@ -242,7 +262,7 @@ class GGUFFile:
         return align
 
     def _tensor_info(self, cur):
-        name = cur.string()
+        name = cur.string(MAX_NAME_BYTES, "tensor name")
         n_dims = cur.u32()
         if not 1 <= n_dims <= MAX_DIMS:
             raise cur.error(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
