@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 
+from qwenc.loader import DEFAULT_ACTIVATIONS
+
 
 def _add_model_args(p):
     p.add_argument("-m", "--model", help="GGUF file, HuggingFace model directory, demo / demo-1.5b, or hub id "
@@ -17,7 +19,7 @@ def _add_model_args(p):
     p.add_argument("--threads", type=int, help="kernel threads (default: $QWENC_THREADS, else all CPUs)")
     p.add_argument("--context", type=int, default=4096, help="KV cache size in tokens (default 4096)")
     p.add_argument("--dtype", choices=["f32", "bf16", "q8_0"], help="re-encode weights at load")
-    p.add_argument("--activations", choices=["f32", "int16", "int8"], default="int16",
+    p.add_argument("--activations", choices=["f32", "int16", "int8"], default=DEFAULT_ACTIVATIONS,
                    help="arithmetic on block-quantized weights: int16 (default: integer dots, 100%% top-1 "
                         "agreement with transformers on the real-model texts), f32 (exact: what transformers "
                         "computes), int8 (fastest, may flip near-ties)")

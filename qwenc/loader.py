@@ -46,7 +46,12 @@ def _gguf_parts(path: Path):
     return cfg, tensors, tokenizer, {}, template
 
 
-def load(path, dtype: str = None, threads: int = None, context: int = 4096, activations: str = "int16") -> Model:
+# The arithmetic on block-quantized weights when none is asked for (the CLI uses it too).
+DEFAULT_ACTIVATIONS = "int16"
+
+
+def load(path, dtype: str = None, threads: int = None, context: int = 4096,
+         activations: str = DEFAULT_ACTIVATIONS) -> Model:
     """Load a Qwen2/Qwen2.5/Qwen3 model.
 
     path:    model directory, .gguf file, demo name, or hub id (OWNER/REPO[:QUANT][@REV],

@@ -418,15 +418,21 @@ def test_real_model_cli_gen_ctrl_c_during_a_long_prefill_exits_within_a_second(d
     prompt.write_text("The history of the city, told street by street. " * 350)  # ~3,500 tokens
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": repo}
-    p = subprocess.Popen([sys.executable, "-m", "qwenc", "gen", "-m", demo_gguf, "--context", "4096",
-                          "-n", "5", "-"], stdin=open(prompt), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    time.sleep(5.0)
-    assert p.poll() is None, "finished before the interrupt: the prefill was meant to take longer"
-    t0 = time.monotonic()
-    p.send_signal(signal.SIGINT)
-    code = p.wait(10)
-    took = time.monotonic() - t0
-    err = p.stderr.read().decode()
+    with open(prompt) as stdin:
+        p = subprocess.Popen([sys.executable, "-m", "qwenc", "gen", "-m", demo_gguf, "--context", "4096",
+                              "-n", "5", "-"], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        time.sleep(5.0)
+        assert p.poll() is None, "finished before the interrupt: the prefill was meant to take longer"
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        code = p.wait(10)
+        took = time.monotonic() - t0
+        err = p.stderr.read().decode()
+    finally:  # a failed check must not leave the process running
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     assert code == 130 and "interrupted" in err and "Traceback" not in err, err
     assert took < 1.0, f"took {took:.2f} s to stop"
 

@@ -156,19 +156,6 @@ class RequestStream:
     def __iter__(self):
         return self._iterate()
 
-    def _iterate(self):
-        finished = False
-        try:
-            while True:
-                out = self._take()
-                yield out
-                if out.finished:
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                self.cancel()
-
     def __aiter__(self):
         return self._aiterate()
 
@@ -207,9 +194,10 @@ class RequestStream:
             self._engine._cancel(self.request_id)
 
     def result(self, timeout=None) -> Completion:
-        return self._collect(self._iterate_timeout(timeout))
+        return self._collect(self._iterate(timeout))
 
-    def _iterate_timeout(self, timeout):
+    def _iterate(self, timeout=None):
+        """Outputs until the last; leaving early cancels. `timeout` bounds the whole wait."""
         deadline = None if timeout is None else time.monotonic() + timeout
         finished = False
         try:
@@ -596,9 +584,10 @@ class Engine:
             try:
                 bitmask = masks.result()
                 from .constraints import apply_mask
+                row_of = {req.id: i for i, req in enumerate(constrained)}
                 for req, last in ready:
                     if req.matcher is not None:
-                        apply_mask(last, bitmask[constrained.index(req)])
+                        apply_mask(last, bitmask[row_of[req.id]])
             except Exception as exc:  # a grammar that fails mid-way fails its requests only
                 for req in constrained:
                     self._fail(req, exc)
