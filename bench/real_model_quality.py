@@ -155,7 +155,8 @@ def reference_logits(ref, ids) -> np.ndarray:
 # ---------------------------------------------------------------- report
 
 # stored: the file's blocks; int16 / int8: the same with 16-bit / 8-bit activations (prefill and
-# decode alike); q8_0, bf16, f32: re-encoded weights.
+# decode alike) and, by default, a float16 KV cache; q8_0, bf16, f32: re-encoded weights. A mode
+# may name its KV cache: "int16-kvf32", "int8-kvf16".
 MODES = ("stored", "int16", "int8", "q8_0", "bf16", "f32")
 ACTIVATION_MODES = ("int16", "int8")
 
@@ -196,9 +197,10 @@ def main(argv=None):
     models, quality, load_s = {}, {}, {}
     for mode in modes:
         t0 = time.perf_counter()
-        act = mode in ACTIVATION_MODES
-        models[mode] = qwenc.load(path, dtype=None if mode == "stored" or act else mode,
-                                  activations=mode if act else "f32",
+        base, _, kv = mode.partition("-kv")  # e.g. "int16-kvf32": int16 with a float32 KV cache
+        act = base in ACTIVATION_MODES
+        models[mode] = qwenc.load(path, dtype=None if base == "stored" or act else base,
+                                  activations=base if act else "f32", kv_cache=kv or "auto",
                                   context=max(WINDOW, args.prompt + args.gen + 8))
         load_s[mode] = time.perf_counter() - t0
         # one prefill per window: its logits are the token-by-token ones bit for bit in every mode

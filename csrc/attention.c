@@ -14,16 +14,114 @@
 /* Most key slots per block the kernels take (scores of a block live on the stack). */
 #define MAX_BS 256
 
+/* ---------------------------------------------------------------- 16-bit storage
+ *
+ * IEEE half precision, rounded to nearest even: the same bits as F16C's vcvtps2ph, so a cache
+ * written by the plain path reads the same on the AVX2 path and the other way round. */
+
+static uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf, or a NaN kept quiet */
+        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* 65520 and up round to inf */
+    if (ax >= 0x38800000u) {                                   /* a normal half */
+        uint32_t r = ax - 0x38000000u;
+        return (uint16_t)(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+    }
+    if (ax < 0x33000000u) return (uint16_t)sign; /* below 2^-25: zero (2^-25 itself ties to 0) */
+    /* a subnormal half: the value in units of 2^-24, rounded to nearest even */
+    uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, shift = 126 - e;
+    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    h += rem > half || (rem == half && (h & 1u));
+    return (uint16_t)(sign | h);
+}
+
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+    if (e == 0x1f)
+        x = sign | 0x7f800000u | (m << 13);
+    else if (e)
+        x = sign | ((e + 112) << 23) | (m << 13);
+    else {
+        float f = (float)m * 0x1p-24f; /* zero or a subnormal: exact in float32 */
+        memcpy(&x, &f, sizeof x);
+        x |= sign;
+    }
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+#if QW_HAVE_X86
+QW_TARGET_AVX2 static void store_f16_avx2(const float *src, int64_t n, uint16_t *dst) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) dst[i] = f32_to_f16(src[i]);
+}
+
+QW_TARGET_AVX2 static void load_f16_avx2(const uint16_t *src, int64_t n, float *dst) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = f16_to_f32(src[i]);
+}
+#endif
+
+static void store_row(const float *src, int64_t n, int kv_type, void *pool, size_t at, int simd) {
+    if (kv_type == QW_KV_F32) {
+        memcpy((float *)pool + at, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *dst = (uint16_t *)pool + at;
+#if QW_HAVE_X86
+    if (simd) {
+        store_f16_avx2(src, n, dst);
+        return;
+    }
+#endif
+    (void)simd;
+    for (int64_t i = 0; i < n; i++) dst[i] = f32_to_f16(src[i]);
+}
+
 void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, int64_t hd,
-                 const int64_t *slots, int64_t bs, float *Kc, float *Vc) {
+                 const int64_t *slots, int64_t bs, int kv_type, void *Kc, void *Vc) {
+    int simd = qw_use_avx2();
     for (int64_t t = 0; t < T; t++) {
         int64_t blk = slots[t] / bs, off = slots[t] % bs;
         for (int64_t h = 0; h < n_kv_heads; h++) {
-            size_t dst = ((size_t)(blk * n_kv_heads + h) * bs + off) * hd;
-            memcpy(Kc + dst, k + (t * n_kv_heads + h) * hd, (size_t)hd * sizeof(float));
-            memcpy(Vc + dst, v + (t * n_kv_heads + h) * hd, (size_t)hd * sizeof(float));
+            size_t head = (size_t)(blk * n_kv_heads + h) * (size_t)(bs * hd);
+            store_row(v + (t * n_kv_heads + h) * hd, hd, kv_type, Vc, head + (size_t)(off * hd), simd);
+            /* a key goes down a column of its block: dimension i at row i */
+            const float *kt = k + (t * n_kv_heads + h) * hd;
+            for (int64_t i = 0; i < hd; i++) {
+                size_t at = head + (size_t)(i * bs + off);
+                if (kv_type == QW_KV_F32)
+                    ((float *)Kc)[at] = kt[i];
+                else
+                    ((uint16_t *)Kc)[at] = f32_to_f16(kt[i]);
+            }
         }
     }
+}
+
+/* One kv head's keys or values in a block, as float32: the pool itself when it holds float32,
+ * else n values converted into scratch (once per block, then read by every query head of the
+ * group from L1). */
+typedef struct {
+    const void *base; /* this kv head's vectors in block 0 */
+    int kv_type;
+    int64_t stride;   /* values per block (all kv heads) */
+} head_pool;
+
+static const float *fetch_plain(head_pool p, int32_t block, int64_t n, float *scratch) {
+    size_t at = (size_t)block * (size_t)p.stride;
+    if (p.kv_type == QW_KV_F32) return (const float *)p.base + at;
+    const uint16_t *h = (const uint16_t *)p.base + at;
+    for (int64_t i = 0; i < n; i++) scratch[i] = f16_to_f32(h[i]);
+    return scratch;
 }
 
 /* ---------------------------------------------------------------- plain C
@@ -32,15 +130,16 @@ void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, 
  * largest score so far, l the sum of e^(s - m), acc the sum of e^(s - m) v; when a block raises
  * m, l and acc are first scaled by e^(m_old - m_new). */
 
-static float dot_plain(const float *a, const float *b, int64_t n) {
+/* q . k for a key stored down a column of its block (element i at k[i * stride]) */
+static float dot_strided(const float *q, const float *k, int64_t stride, int64_t n) {
     float s = 0;
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    for (int64_t i = 0; i < n; i++) s += q[i] * k[i * stride];
     return s;
 }
 
-static void attend_group_plain(const float *q, int64_t G, int64_t hd, const float *Kc, const float *Vc,
-                               int64_t stride, int64_t bs, const int32_t *table, int64_t n, float scale,
-                               float *acc, float *out) {
+static void attend_group_plain(const float *q, int64_t G, int64_t hd, head_pool Kp, head_pool Vp, int64_t bs,
+                               const int32_t *table, int64_t n, float scale, float *acc, float *kbuf,
+                               float *vbuf, float *out) {
     float m[64], l[64], s[MAX_BS];
     for (int64_t g = 0; g < G; g++) {
         m[g] = -INFINITY;
@@ -49,13 +148,14 @@ static void attend_group_plain(const float *q, int64_t G, int64_t hd, const floa
     memset(acc, 0, (size_t)(G * hd) * sizeof(float));
     for (int64_t b = 0; b * bs < n; b++) {
         int64_t nk = n - b * bs < bs ? n - b * bs : bs;
-        const float *Kb = Kc + (size_t)table[b] * stride, *Vb = Vc + (size_t)table[b] * stride;
+        /* the keys' block is converted whole: its columns past nk lie between valid values */
+        const float *Kb = fetch_plain(Kp, table[b], bs * hd, kbuf), *Vb = fetch_plain(Vp, table[b], nk * hd, vbuf);
         for (int64_t g = 0; g < G; g++) {
             const float *qg = q + g * hd;
             float *a = acc + g * hd;
             float bm = -INFINITY;
             for (int64_t j = 0; j < nk; j++) {
-                s[j] = dot_plain(qg, Kb + j * hd, hd) * scale;
+                s[j] = dot_strided(qg, Kb + j, bs, hd) * scale;
                 bm = s[j] > bm ? s[j] : bm;
             }
             if (bm > m[g]) {
@@ -88,45 +188,143 @@ QW_TARGET_AVX2 static float hsum8(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-/* scores s[0..nk) of one head against a block's keys: 4 keys per pass, their sums reduced together */
-QW_TARGET_AVX2 static float block_scores_avx2(const float *qg, const float *Kb, int64_t nk, int64_t hd,
-                                              float scale, float *s) {
-    int64_t j = 0;
-    __m128 m4 = _mm_set1_ps(-INFINITY);
-    for (; j + 4 <= nk; j += 4) {
-        const float *k0 = Kb + j * hd;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t i = 0; i < hd; i += 8) {
-            __m256 qv = _mm256_loadu_ps(qg + i);
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + hd + i), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * hd + i), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * hd + i), a3);
+QW_TARGET_AVX2 static const float *fetch_avx2(head_pool p, int32_t block, int64_t n, float *scratch) {
+    size_t at = (size_t)block * (size_t)p.stride;
+    if (p.kv_type == QW_KV_F32) return (const float *)p.base + at;
+    load_f16_avx2((const uint16_t *)p.base + at, n, scratch);
+    return scratch;
+}
+
+/* Ask for one kv head's block ahead of use: the blocks of a sequence are scattered over the
+ * pool and each thread streams a single head, which the hardware prefetchers follow poorly. */
+QW_TARGET_AVX2 static void prefetch_block(head_pool p, int32_t block, int64_t n) {
+    size_t esize = p.kv_type == QW_KV_F16 ? 2 : 4;
+    const char *at = (const char *)p.base + (size_t)block * (size_t)p.stride * esize;
+    for (size_t off = 0; off < (size_t)n * esize; off += 64) _mm_prefetch(at + off, _MM_HINT_T0);
+}
+
+/* Scores of gc query heads (gc <= 6) against 16 keys of a block stored transposed (dimension
+ * i of key j at kt[i * bs + j]): each step down the block loads the 16 keys' i-th values once
+ * (two vectors) and adds q[g][i] times them to every head's two accumulators, so the keys are
+ * read once for the whole group and no horizontal sums are needed. `masked` tiles (the block's
+ * last keys) load only the lanes below their mask; the others read 16 full lanes. Always
+ * inlined with constant gc and masked, so the accumulators live in registers. */
+QW_TARGET_AVX2 static inline __attribute__((always_inline)) void
+tile_scores(const float *q, int gc, int64_t hd, const float *kt, int64_t bs, int masked, __m256i mlo, __m256i mhi,
+            float scale, float *out, int64_t ostride) {
+    __m256 acc[12];
+    for (int g = 0; g < 2 * gc; g++) acc[g] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < hd; i++) {
+        const float *row = kt + i * bs;
+        __m256 lo = masked ? _mm256_maskload_ps(row, mlo) : _mm256_loadu_ps(row);
+        __m256 hi = masked ? _mm256_maskload_ps(row + 8, mhi) : _mm256_loadu_ps(row + 8);
+        for (int g = 0; g < gc; g++) {
+            __m256 qb = _mm256_broadcast_ss(q + g * hd + i);
+            acc[2 * g] = _mm256_fmadd_ps(qb, lo, acc[2 * g]);
+            acc[2 * g + 1] = _mm256_fmadd_ps(qb, hi, acc[2 * g + 1]);
         }
-        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        s4 = _mm_mul_ps(s4, _mm_set1_ps(scale));
-        _mm_storeu_ps(s + j, s4);
-        m4 = _mm_max_ps(m4, s4);
     }
+    __m256 vs = _mm256_set1_ps(scale);
+    for (int g = 0; g < gc; g++) {
+        _mm256_storeu_ps(out + g * ostride, _mm256_mul_ps(acc[2 * g], vs));
+        _mm256_storeu_ps(out + g * ostride + 8, _mm256_mul_ps(acc[2 * g + 1], vs));
+    }
+}
+
+#define TILE_CASES(M)                                                                          \
+    switch (gc) {                                                                              \
+    case 1: tile_scores(q, 1, hd, kt, bs, M, mlo, mhi, scale, out, ostride); break;            \
+    case 2: tile_scores(q, 2, hd, kt, bs, M, mlo, mhi, scale, out, ostride); break;            \
+    case 3: tile_scores(q, 3, hd, kt, bs, M, mlo, mhi, scale, out, ostride); break;            \
+    case 4: tile_scores(q, 4, hd, kt, bs, M, mlo, mhi, scale, out, ostride); break;            \
+    case 5: tile_scores(q, 5, hd, kt, bs, M, mlo, mhi, scale, out, ostride); break;            \
+    default: tile_scores(q, 6, hd, kt, bs, M, mlo, mhi, scale, out, ostride); break;           \
+    }
+
+QW_TARGET_AVX2 static void tile_scores_any(const float *q, int gc, int64_t hd, const float *kt, int64_t bs,
+                                           int64_t valid, float scale, float *out, int64_t ostride) {
+    __m256i mlo = _mm256_setzero_si256(), mhi = mlo;
+    if (valid >= 16) {
+        TILE_CASES(0)
+        return;
+    }
+    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    mlo = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)valid), idx);
+    mhi = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)valid - 8), idx);
+    TILE_CASES(1)
+}
+#undef TILE_CASES
+
+/* Scores of all G heads against a block's nk keys: sc[g * sstride + j], scaled. */
+QW_TARGET_AVX2 static void block_scores_avx2(const float *q, int64_t G, int64_t hd, const float *Kt, int64_t bs,
+                                             int64_t nk, float scale, float *sc, int64_t sstride) {
+    /* heads in even chunks (7 as 4 + 3, not 6 + 1): a chunk of one head would leave two FMA
+     * chains, each waiting on its own latency */
+    int64_t chunks = (G + 5) / 6, per = (G + chunks - 1) / chunks;
+    for (int64_t j0 = 0; j0 < nk; j0 += 16)
+        for (int64_t g0 = 0; g0 < G; g0 += per) {
+            int gc = (int)(G - g0 < per ? G - g0 : per);
+            tile_scores_any(q + g0 * hd, gc, hd, Kt + j0, bs, nk - j0, scale, sc + g0 * sstride + j0, sstride);
+        }
+}
+
+QW_TARGET_AVX2 static float max_avx2(const float *s, int64_t n) {
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     float bm = _mm_cvtss_f32(m4);
-    for (; j < nk; j++) {
-        __m256 a = _mm256_setzero_ps();
-        for (int64_t i = 0; i < hd; i += 8)
-            a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(Kb + j * hd + i), a);
-        s[j] = hsum8(a) * scale;
-        bm = s[j] > bm ? s[j] : bm;
-    }
+    for (; j < n; j++) bm = s[j] > bm ? s[j] : bm;
     return bm;
 }
 
-QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t hd, const float *Kc,
-                                             const float *Vc, int64_t stride, int64_t bs, const int32_t *table,
-                                             int64_t n, float scale, float *acc, float *out) {
+/* a = corr * a + sum_j p[j] v_j over a block's nk values. 64 columns at a time in eight named
+ * accumulators (a loop over an array of them would leave them in memory), then 8 at a time. */
+QW_TARGET_AVX2 static void pv_update_avx2(float *a, float corr, const float *p, const float *Vb, int64_t nk,
+                                          int64_t hd) {
+    __m256 vc = _mm256_set1_ps(corr);
+    int64_t c = 0;
+    for (; c + 64 <= hd; c += 64) {
+        float *ac = a + c;
+        __m256 r0 = _mm256_mul_ps(_mm256_loadu_ps(ac), vc), r1 = _mm256_mul_ps(_mm256_loadu_ps(ac + 8), vc);
+        __m256 r2 = _mm256_mul_ps(_mm256_loadu_ps(ac + 16), vc), r3 = _mm256_mul_ps(_mm256_loadu_ps(ac + 24), vc);
+        __m256 r4 = _mm256_mul_ps(_mm256_loadu_ps(ac + 32), vc), r5 = _mm256_mul_ps(_mm256_loadu_ps(ac + 40), vc);
+        __m256 r6 = _mm256_mul_ps(_mm256_loadu_ps(ac + 48), vc), r7 = _mm256_mul_ps(_mm256_loadu_ps(ac + 56), vc);
+        for (int64_t j = 0; j < nk; j++) {
+            __m256 pj = _mm256_set1_ps(p[j]);
+            const float *v = Vb + j * hd + c;
+            r0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v), r0);
+            r1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8), r1);
+            r2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 16), r2);
+            r3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 24), r3);
+            r4 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 32), r4);
+            r5 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 40), r5);
+            r6 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 48), r6);
+            r7 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 56), r7);
+        }
+        _mm256_storeu_ps(ac, r0);
+        _mm256_storeu_ps(ac + 8, r1);
+        _mm256_storeu_ps(ac + 16, r2);
+        _mm256_storeu_ps(ac + 24, r3);
+        _mm256_storeu_ps(ac + 32, r4);
+        _mm256_storeu_ps(ac + 40, r5);
+        _mm256_storeu_ps(ac + 48, r6);
+        _mm256_storeu_ps(ac + 56, r7);
+    }
+    for (; c < hd; c += 8) {
+        __m256 r = _mm256_mul_ps(_mm256_loadu_ps(a + c), vc);
+        for (int64_t j = 0; j < nk; j++) r = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(Vb + j * hd + c), r);
+        _mm256_storeu_ps(a + c, r);
+    }
+}
+
+QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t hd, head_pool Kp, head_pool Vp,
+                                             int64_t bs, const int32_t *table, int64_t n, float scale, float *acc,
+                                             float *kbuf, float *vbuf, float *sc, float *out) {
     float m[64], l[64];
-    _Alignas(32) float s[MAX_BS + 8];
+    int64_t sstride = (bs + 15) / 16 * 16; /* a head's scores: whole 16-key tiles, 8-lane exps */
     for (int64_t g = 0; g < G; g++) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
@@ -134,10 +332,15 @@ QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t 
     memset(acc, 0, (size_t)(G * hd) * sizeof(float));
     for (int64_t b = 0; b * bs < n; b++) {
         int64_t nk = n - b * bs < bs ? n - b * bs : bs;
-        const float *Kb = Kc + (size_t)table[b] * stride, *Vb = Vc + (size_t)table[b] * stride;
+        if ((b + 2) * bs < n) { /* the block after next: its lines arrive while this one is worked */
+            prefetch_block(Kp, table[b + 2], bs * hd);
+            prefetch_block(Vp, table[b + 2], bs * hd);
+        }
+        const float *Kb = fetch_avx2(Kp, table[b], bs * hd, kbuf), *Vb = fetch_avx2(Vp, table[b], nk * hd, vbuf);
+        block_scores_avx2(q, G, hd, Kb, bs, nk, scale, sc, sstride);
         for (int64_t g = 0; g < G; g++) {
-            float *a = acc + g * hd;
-            float bm = block_scores_avx2(q + g * hd, Kb, nk, hd, scale, s);
+            float *a = acc + g * hd, *s = sc + g * sstride;
+            float bm = max_avx2(s, nk);
             float corr = 1.0f;
             if (bm > m[g]) {
                 corr = m[g] == -INFINITY ? 0.0f : expf(m[g] - bm);
@@ -157,18 +360,7 @@ QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t 
                 lsum = _mm256_add_ps(lsum, e);
             }
             l[g] += hsum8(lsum);
-            __m256 vc = _mm256_set1_ps(corr);
-            for (int64_t c = 0; c < hd; c += 64) {
-                int64_t w = (hd - c < 64 ? hd - c : 64) / 8;
-                __m256 r[8];
-                for (int u = 0; u < w; u++) r[u] = _mm256_mul_ps(_mm256_loadu_ps(a + c + 8 * u), vc);
-                for (int64_t j = 0; j < nk; j++) {
-                    __m256 p = _mm256_set1_ps(s[j]);
-                    const float *v = Vb + j * hd + c;
-                    for (int u = 0; u < w; u++) r[u] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * u), r[u]);
-                }
-                for (int u = 0; u < w; u++) _mm256_storeu_ps(a + c + 8 * u, r[u]);
-            }
+            pv_update_avx2(a, corr, s, Vb, nk, hd);
         }
     }
     for (int64_t g = 0; g < G; g++) {
@@ -180,18 +372,25 @@ QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t 
 #endif
 
 int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
-                       const float *Kc, const float *Vc, int64_t bs, const int32_t *block_tables,
+                       int kv_type, const void *Kc, const void *Vc, int64_t bs, const int32_t *block_tables,
                        int64_t max_blocks, const int32_t *row_seq, const int64_t *row_pos, float scale,
                        float *out) {
     int64_t G = n_heads / n_kv_heads;
-    int64_t stride = n_kv_heads * bs * hd; /* floats per block */
-    if (G > 64 || bs > MAX_BS || bs < 1) return -1;
+    int64_t stride = n_kv_heads * bs * hd; /* values per block */
+    size_t esize = kv_type == QW_KV_F16 ? sizeof(uint16_t) : sizeof(float);
+    if (G > 64 || bs > MAX_BS || bs < 1 || (kv_type != QW_KV_F32 && kv_type != QW_KV_F16)) return -1;
     int simd = qw_use_avx2() && hd % 8 == 0;
     (void)simd;
     int failed = 0;
 #pragma omp parallel num_threads(qw_get_threads())
     {
-        float *acc = malloc((size_t)(G * hd) * sizeof(float));
+        /* acc [G, hd]; a block's scores [G, bs rounded up to 16]; for a 16-bit pool, one block
+         * of one kv head's keys and values as float32 */
+        size_t sstride = (size_t)(bs + 15) / 16 * 16;
+        size_t scratch = (size_t)(G * hd) + (size_t)G * sstride + (kv_type == QW_KV_F16 ? (size_t)(2 * bs * hd) : 0);
+        float *acc = malloc(scratch * sizeof(float));
+        float *sc = acc ? acc + G * hd : NULL, *kbuf = sc ? sc + (size_t)G * sstride : NULL;
+        float *vbuf = kbuf ? kbuf + bs * hd : NULL;
         if (!acc) {
 #pragma omp atomic write
             failed = 1;
@@ -203,13 +402,14 @@ int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_
                 const int32_t *table = block_tables + (size_t)row_seq[t] * max_blocks;
                 const float *qg = q + (t * n_heads + kvh * G) * hd;
                 float *og = out + (t * n_heads + kvh * G) * hd;
-                const float *Kh = Kc + kvh * bs * hd, *Vh = Vc + kvh * bs * hd;
+                head_pool Kp = {(const char *)Kc + (size_t)(kvh * bs * hd) * esize, kv_type, stride};
+                head_pool Vp = {(const char *)Vc + (size_t)(kvh * bs * hd) * esize, kv_type, stride};
 #if QW_HAVE_X86
                 if (simd)
-                    attend_group_avx2(qg, G, hd, Kh, Vh, stride, bs, table, row_pos[t] + 1, scale, acc, og);
+                    attend_group_avx2(qg, G, hd, Kp, Vp, bs, table, row_pos[t] + 1, scale, acc, kbuf, vbuf, sc, og);
                 else
 #endif
-                    attend_group_plain(qg, G, hd, Kh, Vh, stride, bs, table, row_pos[t] + 1, scale, acc, og);
+                    attend_group_plain(qg, G, hd, Kp, Vp, bs, table, row_pos[t] + 1, scale, acc, kbuf, vbuf, og);
             }
         free(acc);
     }

@@ -1,19 +1,25 @@
 /* Causal grouped-query attention over a paged KV cache.
  *
  * Keys and values of many sequences share one pool per layer, cut into blocks of `bs` token
- * slots: Kc and Vc are [n_blocks, n_kv_heads, bs, hd] float32, so a block holds, per kv head,
- * bs consecutive positions' vectors contiguously. A sequence's positions live in the blocks its
+ * slots: Kc and Vc are [n_blocks, n_kv_heads, bs, hd], so a block holds, per kv head, bs
+ * consecutive positions' vectors contiguously. A sequence's positions live in the blocks its
  * block table lists: position p is slot p % bs of block table[p / bs].
+ *
+ * A pool holds float32 (QW_KV_F32) or IEEE half precision (QW_KV_F16, rounded to nearest even
+ * when written). Half the bytes matter at long context, where reading the cache is most of a
+ * decode step's memory traffic beside the weights; the arithmetic is float32 either way.
  */
 #ifndef QWENC_ATTENTION_H
 #define QWENC_ATTENTION_H
 
 #include <stdint.h>
 
+enum { QW_KV_F32 = 0, QW_KV_F16 = 1 };
+
 /* Store the keys and values of T new tokens: k, v are [T, n_kv_heads, hd]; token t goes to
- * slot slots[t] (block * bs + offset) of the pool. */
+ * slot slots[t] (block * bs + offset) of the pools, which hold kv_type values. */
 void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, int64_t hd,
-                 const int64_t *slots, int64_t bs, float *Kc, float *Vc);
+                 const int64_t *slots, int64_t bs, int kv_type, void *Kc, void *Vc);
 
 /* out[t] = softmax(scale * q[t] K^T) V for T query rows of the sequences of one step.
  *
@@ -26,9 +32,9 @@ void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, 
  * own, with a softmax that carries its running max and sum block by block (the max subtracted
  * before every exp), so a row's result depends on its own inputs only: never on the other rows of
  * the step or on the thread count. Returns 0, or -1 when scratch memory could not be allocated
- * (out is then incomplete). */
+ * or kv_type is unknown (out is then incomplete). */
 int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
-                       const float *Kc, const float *Vc, int64_t bs, const int32_t *block_tables,
+                       int kv_type, const void *Kc, const void *Vc, int64_t bs, const int32_t *block_tables,
                        int64_t max_blocks, const int32_t *row_seq, const int64_t *row_pos, float scale,
                        float *out);
 

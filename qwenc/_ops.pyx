@@ -5,7 +5,7 @@ Arguments are typed memoryviews, so shapes and dtypes are checked by Cython at t
 kernels run without the GIL. These wrappers check shapes only where a mismatch would make C read
 or write out of bounds.
 """
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
 
 import numpy as np
 
@@ -48,9 +48,9 @@ cdef extern from "ops.h":
 
 cdef extern from "attention.h":
     void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, int64_t hd,
-                     const int64_t *slots, int64_t bs, float *Kc, float *Vc) nogil
+                     const int64_t *slots, int64_t bs, int kv_type, void *Kc, void *Vc) nogil
     int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
-                           const float *Kc, const float *Vc, int64_t bs, const int32_t *block_tables,
+                           int kv_type, const void *Kc, const void *Vc, int64_t bs, const int32_t *block_tables,
                            int64_t max_blocks, const int32_t *row_seq, const int64_t *row_pos, float scale,
                            float *out) nogil
 
@@ -263,19 +263,60 @@ def softmax(float[:, ::1] x):
 
 # ---------------------------------------------------------------- attention
 
-cdef bint _same_shape4(const float[:, :, :, ::1] a, const float[:, :, :, ::1] b):
-    return a.shape[0] == b.shape[0] and a.shape[1] == b.shape[1] and a.shape[2] == b.shape[2] and a.shape[3] == b.shape[3]
+KV_DTYPES = {"f32": np.float32, "f16": np.float16}  # what a KV pool may hold (attention.h's QW_KV_*)
 
 
-def kv_write(const float[:, :, ::1] k, const float[:, :, ::1] v, const int64_t[::1] slots,
-             float[:, :, :, ::1] Kc, float[:, :, :, ::1] Vc):
+cdef void *_pool(object a, int64_t *shape, int *kv_type) except NULL:
+    """A KV pool's data pointer, its [n_blocks, Hkv, bs, hd] shape and QW_KV_* type: a
+    C-contiguous float32 or float16 array (float16 read through its bits)."""
+    cdef float[:, :, :, ::1] f
+    cdef uint16_t[:, :, :, ::1] h
+    cdef int i
+    if getattr(a, "dtype", None) == np.float16:
+        h = a.view(np.uint16)
+        kv_type[0] = 1
+        for i in range(4):
+            shape[i] = h.shape[i]
+        if h.shape[0] == 0 or h.shape[1] == 0 or h.shape[2] == 0 or h.shape[3] == 0:
+            raise ValueError("empty KV pool")
+        return &h[0, 0, 0, 0]
+    f = a
+    kv_type[0] = 0
+    for i in range(4):
+        shape[i] = f.shape[i]
+    if f.shape[0] == 0 or f.shape[1] == 0 or f.shape[2] == 0 or f.shape[3] == 0:
+        raise ValueError("empty KV pool")
+    return &f[0, 0, 0, 0]
+
+
+cdef int _pools(object Kc, object Vc, void **kp, void **vp, int64_t *shape) except -1:
+    """Both pools of a layer, of one type: keys [n_blocks, Hkv, hd, bs] (each block's keys
+    stored transposed, a key down a column) and values [n_blocks, Hkv, bs, hd]. Fills the
+    pointers and (n_blocks, Hkv, bs, hd); returns the QW_KV_* type."""
+    cdef int64_t kshape[4]
+    cdef int ktype, vtype
+    kp[0] = _pool(Kc, kshape, &ktype)
+    vp[0] = _pool(Vc, shape, &vtype)
+    if (vtype != ktype or kshape[0] != shape[0] or kshape[1] != shape[1] or kshape[2] != shape[3]
+            or kshape[3] != shape[2]):
+        raise ValueError("K and V pools differ in dtype or shape (keys [n_blocks, Hkv, hd, bs], "
+                         "values [n_blocks, Hkv, bs, hd])")
+    return ktype
+
+
+def kv_write(const float[:, :, ::1] k, const float[:, :, ::1] v, const int64_t[::1] slots, Kc, Vc):
     """Store k, v [T, Hkv, hd] of T new tokens into slots (block * bs + offset) of the pools
-    Kc, Vc [n_blocks, Hkv, bs, hd]."""
+    Kc [n_blocks, Hkv, hd, bs] and Vc [n_blocks, Hkv, bs, hd] (float32, or float16: rounded to
+    nearest even)."""
     cdef int64_t T = k.shape[0], Hkv = k.shape[1], hd = k.shape[2], t
-    cdef int64_t nb = Kc.shape[0], bs = Kc.shape[2]
+    cdef int64_t shape[4]
+    cdef void *kp
+    cdef void *vp
+    cdef int kv_type = _pools(Kc, Vc, &kp, &vp, shape)
+    cdef int64_t nb = shape[0], bs = shape[2]
     if v.shape[0] != T or v.shape[1] != Hkv or v.shape[2] != hd or slots.shape[0] != T:
         raise ValueError("kv_write shape mismatch")
-    if Kc.shape[1] != Hkv or Kc.shape[3] != hd or not _same_shape4(Kc, Vc):
+    if shape[1] != Hkv or shape[3] != hd:
         raise ValueError("kv_write pool shape mismatch")
     for t in range(T):
         if slots[t] < 0 or slots[t] >= nb * bs:
@@ -283,20 +324,24 @@ def kv_write(const float[:, :, ::1] k, const float[:, :, ::1] v, const int64_t[:
     if T == 0:
         return
     with nogil:
-        qw_kv_write(&k[0, 0, 0], &v[0, 0, 0], T, Hkv, hd, &slots[0], bs, &Kc[0, 0, 0, 0], &Vc[0, 0, 0, 0])
+        qw_kv_write(&k[0, 0, 0], &v[0, 0, 0], T, Hkv, hd, &slots[0], bs, kv_type, kp, vp)
 
 
-def paged_attention(const float[:, :, ::1] q, const float[:, :, :, ::1] Kc, const float[:, :, :, ::1] Vc,
+def paged_attention(const float[:, :, ::1] q, Kc, Vc,
                     const int32_t[:, ::1] block_tables, const int32_t[::1] row_seq, const int64_t[::1] row_pos,
                     float scale, float[:, :, ::1] out):
-    """Causal GQA attention of q [T, H, hd] over the paged pools Kc, Vc [n_blocks, Hkv, bs, hd]:
-    row t attends to positions 0..row_pos[t] of sequence row_seq[t], whose blocks are listed in
-    block_tables[row_seq[t]]."""
+    """Causal GQA attention of q [T, H, hd] over the paged pools Kc [n_blocks, Hkv, hd, bs] and
+    Vc [n_blocks, Hkv, bs, hd] (float32 or float16): row t attends to positions 0..row_pos[t]
+    of sequence row_seq[t], whose blocks are listed in block_tables[row_seq[t]]."""
     cdef int64_t T = q.shape[0], H = q.shape[1], hd = q.shape[2]
-    cdef int64_t nb = Kc.shape[0], Hkv = Kc.shape[1], bs = Kc.shape[2]
+    cdef int64_t shape[4]
+    cdef void *kp
+    cdef void *vp
+    cdef int kv_type = _pools(Kc, Vc, &kp, &vp, shape)
+    cdef int64_t nb = shape[0], Hkv = shape[1], bs = shape[2]
     cdef int64_t S = block_tables.shape[0], mb = block_tables.shape[1], t, b, nblk
     cdef int rc
-    if Kc.shape[3] != hd or not _same_shape4(Kc, Vc):
+    if shape[3] != hd:
         raise ValueError("attention pool shape mismatch")
     if Hkv == 0 or H % Hkv != 0 or H // Hkv > 64:
         raise ValueError(f"{H} query heads cannot share {Hkv} kv heads evenly (at most 64 per kv head)")
@@ -318,7 +363,7 @@ def paged_attention(const float[:, :, ::1] q, const float[:, :, :, ::1] Kc, cons
     if T == 0:
         return
     with nogil:
-        rc = qw_paged_attention(&q[0, 0, 0], T, H, Hkv, hd, &Kc[0, 0, 0, 0], &Vc[0, 0, 0, 0], bs,
+        rc = qw_paged_attention(&q[0, 0, 0], T, H, Hkv, hd, kv_type, kp, vp, bs,
                                 &block_tables[0, 0], mb, &row_seq[0], &row_pos[0], scale, &out[0, 0, 0])
     if rc != 0:
         raise MemoryError("attention: out of memory for its scratch buffers")

@@ -23,6 +23,10 @@ def _add_model_args(p):
                    help="arithmetic on block-quantized weights: int16 (default: integer dots, 100%% top-1 "
                         "agreement with transformers on the real-model texts), f32 (exact: what transformers "
                         "computes), int8 (fastest, may flip near-ties)")
+    p.add_argument("--kv-cache", choices=["auto", "f32", "f16"], default="auto",
+                   help="how keys and values are stored: auto (default: f16 with an integer --activations "
+                        "mode on quantized weights, else f32), f32, f16 (half the memory and the bytes read "
+                        "per token at long context)")
 
 
 def _add_sampling_args(p):
@@ -52,7 +56,7 @@ def _load(args):
             raise SystemExit(f"qwenc: {exc}")
     t = time.perf_counter()
     model = qwenc.load(spec, dtype=args.dtype, threads=args.threads, context=args.context,
-                        activations=args.activations)
+                        activations=args.activations, kv_cache=args.kv_cache)
     if os.environ.get("QWENC_VERBOSE"):
         print(f"loaded {spec} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     return model

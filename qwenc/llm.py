@@ -21,8 +21,8 @@ from .engine.sampling import SAMPLING_FIELDS, SamplingParams
 class Model:
     def __init__(self, cfg, weights, tokenizer=None, context: int = 4096, threads: int = None,
                  generation_defaults: dict = None, chat_template=None, source: str = "",
-                 activations: str = "f32"):
-        self.transformer = Transformer(cfg, weights, threads=threads, activations=activations)
+                 activations: str = "f32", kv_cache: str = "auto"):
+        self.transformer = Transformer(cfg, weights, threads=threads, activations=activations, kv_cache=kv_cache)
         self.tokenizer = tokenizer
         try:
             self.context = int(context)
@@ -72,7 +72,7 @@ class Model:
 
     def new_sequence(self, capacity: int = None) -> Sequence:
         """A sequence with a KV cache of its own for `capacity` tokens (default: the context)."""
-        return Sequence.private(self.config, capacity or self.context)
+        return Sequence.private(self.config, capacity or self.context, self.transformer.kv_dtype)
 
     def step(self, items) -> np.ndarray:
         """One forward step over StepItems (see Transformer.forward_step), under the lock."""

@@ -51,7 +51,7 @@ DEFAULT_ACTIVATIONS = "int16"
 
 
 def load(path, dtype: str = None, threads: int = None, context: int = 4096,
-         activations: str = DEFAULT_ACTIVATIONS) -> Model:
+         activations: str = DEFAULT_ACTIVATIONS, kv_cache: str = "auto") -> Model:
     """Load a Qwen2/Qwen2.5/Qwen3 model.
 
     path:    model directory, .gguf file, demo name, or hub id (OWNER/REPO[:QUANT][@REV],
@@ -68,6 +68,10 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096,
              on the dequantized model, to float rounding (faster prefill, slower decode).
              "int8" rounds to 8-bit codes (fastest; an occasional near-tie between two tokens
              flips). Float weights (BF16/F16/F32) always run in float32.
+    kv_cache: how keys and values are stored: "f32", "f16" (IEEE half: half the memory and
+             half the bytes a long context reads per token), or "auto" (default): "f16" where
+             an integer activation mode runs on block-quantized weights, "f32" in the exact
+             mode and for float weights. Attention computes in float32 either way.
     """
     if dtype not in DTYPES:
         raise InvalidRequest(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -89,7 +93,7 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096,
     weights = Weights(cfg, tensors, convert)
     return Model(cfg, weights, tokenizer=tokenizer, context=context, threads=threads,
                  generation_defaults=gen, chat_template=template, source=str(p),
-                 activations=activations)
+                 activations=activations, kv_cache=kv_cache)
 
 
 def _is_gguf(p: Path) -> bool:

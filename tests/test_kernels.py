@@ -163,14 +163,16 @@ def attention_reference(q, K, V, start, scale):
     return out
 
 
-def paged(seqs, bs, spare=3):
-    """Pools [n_blocks, Hkv, bs, hd] holding each (K, V) [Hkv, cap, hd] of `seqs` in blocks
-    scattered in a random order (plus unused blocks), and the block tables [len(seqs), width]."""
+def paged(seqs, bs, spare=3, dtype=np.float32):
+    """Pools holding each (K, V) [Hkv, cap, hd] of `seqs` in blocks scattered in a random order
+    (plus unused blocks): keys [n_blocks, Hkv, hd, bs] (transposed within a block), values
+    [n_blocks, Hkv, bs, hd]; and the block tables [len(seqs), width]. Every slot no sequence
+    holds is NaN, so a kernel that reads one (a key past the last in its block) shows it."""
     Hkv, _, hd = seqs[0][0].shape
     need = [-(-K.shape[1] // bs) for K, _ in seqs]
     order = rng.permutation(sum(need) + spare).astype(np.int32)
-    Kc = rng.standard_normal((len(order), Hkv, bs, hd)).astype(np.float32) * 100  # garbage elsewhere
-    Vc = rng.standard_normal((len(order), Hkv, bs, hd)).astype(np.float32) * 100
+    Kc = np.full((len(order), Hkv, hd, bs), np.nan, dtype)
+    Vc = np.full((len(order), Hkv, bs, hd), np.nan, dtype)
     tables = np.full((len(seqs), max(need)), -1, np.int32)
     at = 0
     for s, (K, V) in enumerate(seqs):
@@ -180,14 +182,14 @@ def paged(seqs, bs, spare=3):
             tables[s, b] = blk
             part = slice(b * bs, min((b + 1) * bs, K.shape[1]))
             n = part.stop - part.start
-            Kc[blk, :, :n] = K[:, part]
+            Kc[blk, :, :, :n] = K[:, part].transpose(0, 2, 1)
             Vc[blk, :, :n] = V[:, part]
     tables[tables < 0] = 0
     return Kc, Vc, tables
 
 
-def run_paged(q, K, V, start, scale, bs=16):
-    Kc, Vc, tables = paged([(K, V)], bs)
+def run_paged(q, K, V, start, scale, bs=16, dtype=np.float32):
+    Kc, Vc, tables = paged([(K, V)], bs, dtype=dtype)
     T = q.shape[0]
     out = np.empty_like(q)
     _ops.paged_attention(q, Kc, Vc, tables, np.zeros(T, np.int32), np.arange(start, start + T, dtype=np.int64),
@@ -248,20 +250,82 @@ def test_attention_many_sequences_one_call(path):
         np.testing.assert_array_equal(alone, out[t:t + 1])
 
 
-def test_kv_write_places_rows_in_their_slots(path):
-    Hkv, hd, bs = 2, 8, 4
-    Kc = np.zeros((5, Hkv, bs, hd), np.float32)
-    Vc = np.zeros_like(Kc)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_kv_write_places_rows_in_their_slots(path, dtype):
+    Hkv, hd, bs = 2, 12, 4  # hd not a multiple of 8: the vector converters' scalar tail
+    Kc = np.zeros((5, Hkv, hd, bs), dtype)
+    Vc = np.zeros((5, Hkv, bs, hd), dtype)
     k = rng.standard_normal((3, Hkv, hd)).astype(np.float32)
     v = rng.standard_normal((3, Hkv, hd)).astype(np.float32)
     slots = np.array([2 * bs + 1, 4 * bs + 3, 0], np.int64)
     _ops.kv_write(k, v, slots, Kc, Vc)
     for t, sl in enumerate(slots):
-        np.testing.assert_array_equal(Kc[sl // bs, :, sl % bs], k[t])
-        np.testing.assert_array_equal(Vc[sl // bs, :, sl % bs], v[t])
+        np.testing.assert_array_equal(Kc[sl // bs, :, :, sl % bs], k[t].astype(dtype))
+        np.testing.assert_array_equal(Vc[sl // bs, :, sl % bs], v[t].astype(dtype))
     assert np.count_nonzero(Kc) == k.size
     with pytest.raises(ValueError):
         _ops.kv_write(k, v, np.array([0, 1, 5 * bs], np.int64), Kc, Vc)
+    with pytest.raises(ValueError):  # the values' pool in the keys' layout
+        _ops.kv_write(k, v, slots, Kc, Kc.copy())
+    with pytest.raises(ValueError):  # pools of two dtypes
+        _ops.kv_write(k, v, slots, Kc, Vc.astype(np.float32 if dtype == np.float16 else np.float16))
+
+
+def _f16_cases():
+    """float32 values whose rounding to half precision is easy to get wrong: ties at every
+    scale, the subnormal range and its edges, the overflow edge, signed zeros and infinities,
+    and a spread of ordinary values."""
+    bits = np.arange(0, 1 << 16, dtype=np.uint32)
+    halves = bits.astype(np.uint16).view(np.float16)
+    finite = halves[np.isfinite(halves)].astype(np.float32)
+    nxt = np.nextafter(finite, np.float32(np.inf)).astype(np.float32)
+    mids = ((finite.astype(np.float64) + np.roll(finite, -1).astype(np.float64)) / 2).astype(np.float32)
+    edges = np.array([65504, 65519.996, 65520, 65536, 1e6, 2.0 ** -24, 2.0 ** -25, 2.0 ** -25 * 1.0000001,
+                      2.0 ** -26, 2.0 ** -14, 2.0 ** -14 * (1 - 2.0 ** -12), 1e-30, 0.0, -0.0, np.inf, -np.inf],
+                     np.float32)
+    spread = (rng.standard_normal(20000) * np.exp(rng.uniform(-20, 12, 20000))).astype(np.float32)
+    x = np.concatenate([finite, nxt, mids, -mids, edges, spread]).astype(np.float32)
+    return x[np.isfinite(x) | np.isinf(x)]
+
+
+def test_f16_storage_rounds_as_numpy_does(path):
+    """Keys and values written to a float16 pool are numpy's float32 -> float16 conversion
+    (round to nearest even) bit for bit, on the plain and the F16C path alike."""
+    x = _f16_cases()
+    hd, bs = 8, 16
+    T = -(-len(x) // hd)
+    vals = np.zeros(T * hd, np.float32)
+    vals[:len(x)] = x
+    k = vals.reshape(T, 1, hd)
+    nb = -(-T // bs)
+    Kc = np.zeros((nb, 1, hd, bs), np.float16)
+    Vc = np.zeros((nb, 1, bs, hd), np.float16)
+    _ops.kv_write(k, k, np.arange(T, dtype=np.int64), Kc, Vc)
+    got = Vc.reshape(-1, hd)[:T].reshape(-1)[:len(x)]
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    gotk = Kc.transpose(0, 3, 1, 2).reshape(-1, hd)[:T].reshape(-1)[:len(x)]
+    np.testing.assert_array_equal(gotk.view(np.uint16), want.view(np.uint16))
+    nan = np.full((1, 1, hd), np.nan, np.float32)
+    _ops.kv_write(nan, nan, np.array([0], np.int64), Kc, Vc)
+    assert np.isnan(Vc[0, 0, 0]).all() and np.isnan(Kc[0, 0, :, 0]).all()
+
+
+@pytest.mark.parametrize("hd", [8, 12, 64, 128])
+@pytest.mark.parametrize("T,start", [(1, 0), (1, 300), (9, 40)])
+def test_attention_f16_pool(path, hd, T, start):
+    """A float16 pool gives the attention of its rounded keys and values, computed in float32
+    (plain and AVX2 paths read it; the keys' last block is partial)."""
+    H, Hkv, cap = 14, 2, 320
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    K = (rng.standard_normal((Hkv, cap, hd)) * 2).astype(np.float16).astype(np.float32)
+    V = rng.standard_normal((Hkv, cap, hd)).astype(np.float16).astype(np.float32)
+    for bs in (5, 16):
+        out = run_paged(q, K, V, start, hd ** -0.5, bs, dtype=np.float16)
+        np.testing.assert_allclose(out, attention_reference(q, K, V, start, hd ** -0.5), atol=3e-5)
+        f32 = run_paged(q, K, V, start, hd ** -0.5, bs)
+        np.testing.assert_allclose(out, f32, atol=1e-6)  # the same values in float32: the same sums
 
 
 def test_attention_large_scores_do_not_overflow(path):
@@ -276,17 +340,26 @@ def test_attention_large_scores_do_not_overflow(path):
 
 def test_attention_rejects_positions_beyond_the_table():
     q = np.zeros((2, 2, 8), np.float32)
-    Kc = np.zeros((2, 1, 4, 8), np.float32)
+    Kc = np.zeros((2, 1, 8, 4), np.float32)
+    Vc = np.zeros((2, 1, 4, 8), np.float32)
     tables = np.array([[0, 1]], np.int32)
+    _ops.paged_attention(q, Kc, Vc, tables, np.zeros(2, np.int32), np.array([6, 7], np.int64), 1.0,
+                         np.empty_like(q))  # within bounds: accepted
     with pytest.raises(ValueError):  # position 8 needs a third block
-        _ops.paged_attention(q, Kc, Kc, tables, np.zeros(2, np.int32), np.array([7, 8], np.int64), 1.0,
+        _ops.paged_attention(q, Kc, Vc, tables, np.zeros(2, np.int32), np.array([7, 8], np.int64), 1.0,
                              np.empty_like(q))
     with pytest.raises(ValueError):  # block id outside the pool
-        _ops.paged_attention(q, Kc, Kc, np.array([[0, 2]], np.int32), np.zeros(2, np.int32),
+        _ops.paged_attention(q, Kc, Vc, np.array([[0, 2]], np.int32), np.zeros(2, np.int32),
                              np.array([6, 7], np.int64), 1.0, np.empty_like(q))
     with pytest.raises(ValueError):  # sequence row outside the tables
-        _ops.paged_attention(q, Kc, Kc, tables, np.array([0, 1], np.int32), np.array([1, 2], np.int64), 1.0,
+        _ops.paged_attention(q, Kc, Vc, tables, np.array([0, 1], np.int32), np.array([1, 2], np.int64), 1.0,
                              np.empty_like(q))
+    with pytest.raises(ValueError):  # keys in the values' layout
+        _ops.paged_attention(q, Vc, Vc, tables, np.zeros(2, np.int32), np.array([6, 7], np.int64), 1.0,
+                             np.empty_like(q))
+    with pytest.raises(ValueError):  # a pool of another dtype
+        _ops.paged_attention(q, Kc.astype(np.float64), Vc, tables, np.zeros(2, np.int32),
+                             np.array([6, 7], np.int64), 1.0, np.empty_like(q))
 
 
 def test_embed(path):

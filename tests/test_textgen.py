@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import qwenc
@@ -184,10 +185,35 @@ def test_cli_default_activations_are_the_apis():
     import inspect
     import qwenc
     from qwenc.cli import build_parser
-    default = inspect.signature(qwenc.load).parameters["activations"].default
+    params = inspect.signature(qwenc.load).parameters
     ap = build_parser()
     for argv in (["gen", "hi"], ["chat"], ["serve"], ["bench"]):
-        assert ap.parse_args(argv).activations == default, argv
+        assert ap.parse_args(argv).activations == params["activations"].default, argv
+        assert ap.parse_args(argv).kv_cache == params["kv_cache"].default, argv
+
+
+def test_kv_cache_choice(model_dir):
+    """kv_cache="auto" keeps float32 where the arithmetic is exact (float weights, or f32
+    activations) and half precision on the integer path; an explicit choice holds either way,
+    and a float16 cache takes half the bytes a block of the engine's pool takes."""
+    import qwenc
+    from qwenc.model import KVCache
+    m = qwenc.load(model_dir)                          # float weights: exact, whatever activations says
+    assert m.transformer.kv_dtype == "f32"
+    assert m.new_sequence(20).cache.k[0].dtype == np.float32
+    m16 = qwenc.load(model_dir, kv_cache="f16")
+    seq = m16.new_sequence(40)
+    assert seq.cache.k[0].dtype == np.float16 and seq.cache.v[0].dtype == np.float16
+    assert KVCache.block_bytes(m.config, dtype="f16") * 2 == KVCache.block_bytes(m.config, dtype="f32")
+    ids = m.tokenizer.encode("def add(a, b):\n    return")
+    a, b = m.logits(ids), m16.logits(ids)
+    assert np.abs(a - b).max() < 5e-2 and not np.array_equal(a, b)  # close, and really rounded
+    with pytest.raises(qwenc.InvalidRequest):
+        qwenc.load(model_dir, kv_cache="int8")
+    r = run_cli("gen", "-m", str(model_dir), "--kv-cache", "f16", "--temperature", "0", "-n", "4", "hi")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("gen", "-m", str(model_dir), "--kv-cache", "bf16", "hi")
+    assert r.returncode == 2 and "bf16" in r.stderr
 
 
 def test_cli_gen_chat_flag_and_errors(model, model_dir):

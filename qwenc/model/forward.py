@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _ops
-from .._ops import ACTIVATIONS
+from .._ops import ACTIVATIONS, KV_DTYPES
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..formats.config import ModelConfig
 from .weights import Layer, Weights
@@ -35,17 +35,24 @@ PREFILL_CHUNK = 512   # prompt tokens per step in Transformer.forward: bounds ac
 # ---------------------------------------------------------------- KV cache
 
 class KVCache:
-    """Keys and values in blocks of BLOCK_SIZE positions: per layer, K and V pools
-    [num_blocks, kv_heads, BLOCK_SIZE, head_dim] float32 (a block's vectors of one kv head are
-    contiguous, so attention streams them)."""
+    """Keys and values in blocks of BLOCK_SIZE positions: per layer, a K pool
+    [num_blocks, kv_heads, head_dim, BLOCK_SIZE] and a V pool [num_blocks, kv_heads, BLOCK_SIZE,
+    head_dim] (a block's vectors of one kv head are contiguous, so attention streams them), of
+    float32 or float16 ("f32", "f16": KV_DTYPES)."""
 
-    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = BLOCK_SIZE, prefault: bool = False):
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = BLOCK_SIZE, prefault: bool = False,
+                 dtype: str = "f32"):
         if num_blocks < 1:
             raise InvalidRequest(f"a KV cache needs at least one block, got {num_blocks}")
-        self.num_blocks, self.block_size = int(num_blocks), int(block_size)
-        shape = (self.num_blocks, cfg.num_kv_heads, self.block_size, cfg.head_dim)
-        self.k = [np.zeros(shape, np.float32) for _ in range(cfg.num_layers)]
-        self.v = [np.zeros(shape, np.float32) for _ in range(cfg.num_layers)]
+        if dtype not in KV_DTYPES:
+            raise InvalidRequest(f"kv_cache must be one of {tuple(KV_DTYPES)}, got {dtype!r}")
+        self.num_blocks, self.block_size, self.dtype = int(num_blocks), int(block_size), dtype
+        # keys transposed within a block (a key down a column): attention reads one dimension of
+        # a block's keys as a vector and scores every query head of the group against it at once
+        kshape = (self.num_blocks, cfg.num_kv_heads, cfg.head_dim, self.block_size)
+        vshape = (self.num_blocks, cfg.num_kv_heads, self.block_size, cfg.head_dim)
+        self.k = [np.zeros(kshape, KV_DTYPES[dtype]) for _ in range(cfg.num_layers)]
+        self.v = [np.zeros(vshape, KV_DTYPES[dtype]) for _ in range(cfg.num_layers)]
         if prefault:
             # np.zeros maps pages lazily; a server's cache is touched now, so its memory is
             # taken (and visible) at start, not crept into as blocks are first used
@@ -53,9 +60,9 @@ class KVCache:
                 a.fill(0)
 
     @staticmethod
-    def block_bytes(cfg: ModelConfig, block_size: int = BLOCK_SIZE) -> int:
+    def block_bytes(cfg: ModelConfig, block_size: int = BLOCK_SIZE, dtype: str = "f32") -> int:
         """Bytes one block takes over all layers (keys and values)."""
-        return 2 * cfg.num_layers * cfg.num_kv_heads * block_size * cfg.head_dim * 4
+        return 2 * cfg.num_layers * cfg.num_kv_heads * block_size * cfg.head_dim * np.dtype(KV_DTYPES[dtype]).itemsize
 
 
 class Sequence:
@@ -74,9 +81,9 @@ class Sequence:
         self.tokens = []
 
     @classmethod
-    def private(cls, cfg: ModelConfig, capacity: int) -> "Sequence":
+    def private(cls, cfg: ModelConfig, capacity: int, kv_dtype: str = "f32") -> "Sequence":
         blocks = -(-int(capacity) // BLOCK_SIZE)
-        return cls(KVCache(cfg, blocks), np.arange(blocks, dtype=np.int32), capacity)
+        return cls(KVCache(cfg, blocks, dtype=kv_dtype), np.arange(blocks, dtype=np.int32), capacity)
 
     def __len__(self):
         return len(self.tokens)
@@ -160,9 +167,12 @@ class Transformer:
     """The network: weights and the arithmetic of one step. Not thread-safe on its own (its
     activation buffers are shared): Model serialises the callers."""
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = None, activations: str = "f32"):
+    def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = None, activations: str = "f32",
+                 kv_cache: str = "auto"):
         if activations not in ACTIVATIONS:
             raise InvalidRequest(f"activations must be one of {tuple(ACTIVATIONS)}, got {activations!r}")
+        if kv_cache != "auto" and kv_cache not in KV_DTYPES:
+            raise InvalidRequest(f"kv_cache must be 'auto' or one of {tuple(KV_DTYPES)}, got {kv_cache!r}")
         if cfg.num_heads % cfg.num_kv_heads or cfg.num_heads // cfg.num_kv_heads > 64:
             raise InvalidRequest(f"{cfg.num_heads} query heads cannot share {cfg.num_kv_heads} kv heads")
         self.config = cfg
@@ -184,8 +194,13 @@ class Transformer:
         self.inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
         self.scale = float(1.0 / np.sqrt(hd))
         self._ws = None
+        integer = False
         if self._act:  # the integer modes run on row-interleaved copies of the quantized weights
-            weights.repack()
+            integer = weights.repack()
+        # "auto": where the products already round activations (an integer mode on quantized
+        # weights), keys and values are kept in 16 bits as well, halving what a long context
+        # reads per token; the exact path (float activations, or float weights) keeps float32.
+        self.kv_dtype = kv_cache if kv_cache != "auto" else ("f16" if integer else "f32")
 
     def _workspace(self, T: int) -> Workspace:
         ws = self._ws

@@ -117,12 +117,14 @@ class Weights:
             yield from (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)
         yield self.head
 
-    def repack(self):
+    def repack(self) -> bool:
         """Repack every block-quantized matrix for the integer path (see the module doc). Each
         Linear keeps its original Tensor too (a tied head's is the embedding, whose rows the
-        lookup reads)."""
+        lookup reads). True when any matrix is block-quantized (the integer path is used)."""
+        packed = False
         for lin in self.linears():
-            lin.repack(tied=lin is self.head and self.lm_head is self.embed)
+            packed |= lin.repack(tied=lin is self.head and self.lm_head is self.embed)
+        return packed
 
     def get(self, name, shape) -> Tensor:
         t = self.tensors.get(name)
