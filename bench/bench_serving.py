@@ -80,6 +80,7 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
+                self.stop()
                 raise RuntimeError(f"{name} did not start")
             time.sleep(0.5)
 
@@ -89,6 +90,8 @@ class ServerProcess:
             self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+        self.log.close()  # a TemporaryFile: closing removes it
 
 
 def start(peer, model, threads, llama_server, max_batch):

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "quant.h"
 #include "vecmath.h"
 
 #if QW_HAVE_X86
@@ -16,43 +17,10 @@
 
 /* ---------------------------------------------------------------- 16-bit storage
  *
- * IEEE half precision, rounded to nearest even: the same bits as F16C's vcvtps2ph, so a cache
- * written by the plain path reads the same on the AVX2 path and the other way round. */
-
-static uint16_t f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) /* inf, or a NaN kept quiet */
-        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* 65520 and up round to inf */
-    if (ax >= 0x38800000u) {                                   /* a normal half */
-        uint32_t r = ax - 0x38000000u;
-        return (uint16_t)(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
-    }
-    if (ax < 0x33000000u) return (uint16_t)sign; /* below 2^-25: zero (2^-25 itself ties to 0) */
-    /* a subnormal half: the value in units of 2^-24, rounded to nearest even */
-    uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, shift = 126 - e;
-    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    h += rem > half || (rem == half && (h & 1u));
-    return (uint16_t)(sign | h);
-}
-
-static float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    if (e == 0x1f)
-        x = sign | 0x7f800000u | (m << 13);
-    else if (e)
-        x = sign | ((e + 112) << 23) | (m << 13);
-    else {
-        float f = (float)m * 0x1p-24f; /* zero or a subnormal: exact in float32 */
-        memcpy(&x, &f, sizeof x);
-        x |= sign;
-    }
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
-}
+ * IEEE half precision, rounded to nearest even: quant.c's qw_f32_to_f16 and F16C's vcvtps2ph
+ * give the same bits for every number (NaNs stay NaN), so a cache written by the plain path
+ * reads the same on the AVX2 path and the other way round. Widening is quant.c's F16
+ * dequantizer. */
 
 #if QW_HAVE_X86
 QW_TARGET_AVX2 static void store_f16_avx2(const float *src, int64_t n, uint16_t *dst) {
@@ -60,13 +28,7 @@ QW_TARGET_AVX2 static void store_f16_avx2(const float *src, int64_t n, uint16_t 
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    for (; i < n; i++) dst[i] = f32_to_f16(src[i]);
-}
-
-QW_TARGET_AVX2 static void load_f16_avx2(const uint16_t *src, int64_t n, float *dst) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    for (; i < n; i++) dst[i] = f16_to_f32(src[i]);
+    for (; i < n; i++) dst[i] = qw_f32_to_f16(src[i]);
 }
 #endif
 
@@ -83,7 +45,7 @@ static void store_row(const float *src, int64_t n, int kv_type, void *pool, size
     }
 #endif
     (void)simd;
-    for (int64_t i = 0; i < n; i++) dst[i] = f32_to_f16(src[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = qw_f32_to_f16(src[i]);
 }
 
 void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, int64_t hd,
@@ -101,7 +63,7 @@ void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, 
                 if (kv_type == QW_KV_F32)
                     ((float *)Kc)[at] = kt[i];
                 else
-                    ((uint16_t *)Kc)[at] = f32_to_f16(kt[i]);
+                    ((uint16_t *)Kc)[at] = qw_f32_to_f16(kt[i]);
             }
         }
     }
@@ -116,11 +78,10 @@ typedef struct {
     int64_t stride;   /* values per block (all kv heads) */
 } head_pool;
 
-static const float *fetch_plain(head_pool p, int32_t block, int64_t n, float *scratch) {
+static const float *fetch(head_pool p, int32_t block, int64_t n, float *scratch) {
     size_t at = (size_t)block * (size_t)p.stride;
     if (p.kv_type == QW_KV_F32) return (const float *)p.base + at;
-    const uint16_t *h = (const uint16_t *)p.base + at;
-    for (int64_t i = 0; i < n; i++) scratch[i] = f16_to_f32(h[i]);
+    qw_dequant_row(QW_F16, (const uint16_t *)p.base + at, scratch, n);
     return scratch;
 }
 
@@ -149,7 +110,7 @@ static void attend_group_plain(const float *q, int64_t G, int64_t hd, head_pool 
     for (int64_t b = 0; b * bs < n; b++) {
         int64_t nk = n - b * bs < bs ? n - b * bs : bs;
         /* the keys' block is converted whole: its columns past nk lie between valid values */
-        const float *Kb = fetch_plain(Kp, table[b], bs * hd, kbuf), *Vb = fetch_plain(Vp, table[b], nk * hd, vbuf);
+        const float *Kb = fetch(Kp, table[b], bs * hd, kbuf), *Vb = fetch(Vp, table[b], nk * hd, vbuf);
         for (int64_t g = 0; g < G; g++) {
             const float *qg = q + g * hd;
             float *a = acc + g * hd;
@@ -186,13 +147,6 @@ QW_TARGET_AVX2 static float hsum8(__m256 v) {
     lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
     lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
     return _mm_cvtss_f32(lo);
-}
-
-QW_TARGET_AVX2 static const float *fetch_avx2(head_pool p, int32_t block, int64_t n, float *scratch) {
-    size_t at = (size_t)block * (size_t)p.stride;
-    if (p.kv_type == QW_KV_F32) return (const float *)p.base + at;
-    load_f16_avx2((const uint16_t *)p.base + at, n, scratch);
-    return scratch;
 }
 
 /* Ask for one kv head's block ahead of use: the blocks of a sequence are scattered over the
@@ -336,7 +290,7 @@ QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t 
             prefetch_block(Kp, table[b + 2], bs * hd);
             prefetch_block(Vp, table[b + 2], bs * hd);
         }
-        const float *Kb = fetch_avx2(Kp, table[b], bs * hd, kbuf), *Vb = fetch_avx2(Vp, table[b], nk * hd, vbuf);
+        const float *Kb = fetch(Kp, table[b], bs * hd, kbuf), *Vb = fetch(Vp, table[b], nk * hd, vbuf);
         block_scores_avx2(q, G, hd, Kb, bs, nk, scale, sc, sstride);
         for (int64_t g = 0; g < G; g++) {
             float *a = acc + g * hd, *s = sc + g * sstride;

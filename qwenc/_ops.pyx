@@ -47,6 +47,9 @@ cdef extern from "ops.h":
     int qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T, float *out) nogil
 
 cdef extern from "attention.h":
+    enum:
+        QW_KV_F32
+        QW_KV_F16
     void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, int64_t hd,
                      const int64_t *slots, int64_t bs, int kv_type, void *Kc, void *Vc) nogil
     int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
@@ -267,26 +270,23 @@ KV_DTYPES = {"f32": np.float32, "f16": np.float16}  # what a KV pool may hold (a
 
 
 cdef void *_pool(object a, int64_t *shape, int *kv_type) except NULL:
-    """A KV pool's data pointer, its [n_blocks, Hkv, bs, hd] shape and QW_KV_* type: a
-    C-contiguous float32 or float16 array (float16 read through its bits)."""
+    """A KV pool's data pointer, its shape and QW_KV_* type: a C-contiguous 4-d float32 or
+    float16 array (float16 read through its bits)."""
     cdef float[:, :, :, ::1] f
     cdef uint16_t[:, :, :, ::1] h
+    cdef Py_ssize_t *dims
     cdef int i
     if getattr(a, "dtype", None) == np.float16:
         h = a.view(np.uint16)
-        kv_type[0] = 1
-        for i in range(4):
-            shape[i] = h.shape[i]
-        if h.shape[0] == 0 or h.shape[1] == 0 or h.shape[2] == 0 or h.shape[3] == 0:
-            raise ValueError("empty KV pool")
-        return &h[0, 0, 0, 0]
-    f = a
-    kv_type[0] = 0
+        kv_type[0], dims = QW_KV_F16, h.shape
+    else:
+        f = a
+        kv_type[0], dims = QW_KV_F32, f.shape
     for i in range(4):
-        shape[i] = f.shape[i]
-    if f.shape[0] == 0 or f.shape[1] == 0 or f.shape[2] == 0 or f.shape[3] == 0:
-        raise ValueError("empty KV pool")
-    return &f[0, 0, 0, 0]
+        if dims[i] == 0:
+            raise ValueError("empty KV pool")
+        shape[i] = dims[i]
+    return &h[0, 0, 0, 0] if kv_type[0] == QW_KV_F16 else &f[0, 0, 0, 0]
 
 
 cdef int _pools(object Kc, object Vc, void **kp, void **vp, int64_t *shape) except -1:

@@ -305,10 +305,10 @@ class Engine:
         if self.context < 2:
             raise InvalidRequest(f"context must be at least 2 tokens, got {self.context}")
         kv_dtype = model.transformer.kv_dtype
-        num_blocks = parse_size(kv_memory) // KVCache.block_bytes(cfg, dtype=kv_dtype)
+        block_bytes = KVCache.block_bytes(cfg, dtype=kv_dtype)
+        num_blocks = parse_size(kv_memory) // block_bytes
         if num_blocks < 2:
-            raise InvalidRequest(f"kv_memory={kv_memory!r} holds fewer than 2 blocks of "
-                                 f"{KVCache.block_bytes(cfg, dtype=kv_dtype)} bytes")
+            raise InvalidRequest(f"kv_memory={kv_memory!r} holds fewer than 2 blocks of {block_bytes} bytes")
         self.cache = KVCache(cfg, num_blocks, prefault=True, dtype=kv_dtype)
         self.pool = BlockPool(num_blocks, BLOCK_SIZE)
         self.scheduler = Scheduler(self.pool, max_batch, max_step_tokens)

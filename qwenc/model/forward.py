@@ -194,9 +194,8 @@ class Transformer:
         self.inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
         self.scale = float(1.0 / np.sqrt(hd))
         self._ws = None
-        integer = False
-        if self._act:  # the integer modes run on row-interleaved copies of the quantized weights
-            integer = weights.repack()
+        # the integer modes run on row-interleaved copies of the quantized weights
+        integer = bool(self._act) and weights.repack()
         # "auto": where the products already round activations (an integer mode on quantized
         # weights), keys and values are kept in 16 bits as well, halving what a long context
         # reads per token; the exact path (float activations, or float weights) keeps float32.
