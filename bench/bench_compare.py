@@ -10,9 +10,11 @@ on the same GGUF files, and qwenc's batched decode.
   - transformers on the same GGUF, dequantized to float32 (what the f32 mode computes): prefill
     128 and 32 decode steps, torch at the same thread count, run after the others;
   - batched decode of the default mode (bench_batched_decode.py) on the first model.
-The result is a markdown file with the date, the CPU, its SIMD flags and the commit; --readme also
-puts it into README.md between the `bench-compare` markers. Every figure is a median over the
-repeats of runs made in this invocation; nothing is carried over from earlier runs.
+The result is a markdown block with the date, the CPU, its SIMD flags and the commit, written
+between the `bench-compare` markers of --out (other sections of that file are kept; a file
+without markers is replaced); --readme also puts it into README.md between the same markers.
+Every figure is a median over the repeats of runs made in this invocation; nothing is carried
+over from earlier runs.
 """
 import argparse
 import datetime
@@ -159,16 +161,23 @@ def main():
     lines.append("")
     lines.extend(run_batched(models[0], args.threads, repeats))
     text = "\n".join(lines) + "\n"
-    Path(args.out).write_text(text)
     print(text)
-    if args.readme:
-        readme = ROOT / "README.md"
-        s = readme.read_text()
-        if MARK_START in s and MARK_END in s:
-            a, b = s.index(MARK_START) + len(MARK_START), s.index(MARK_END)
-            readme.write_text(s[:a] + "\n" + text + s[b:])
-        else:
-            print("README.md has no bench-compare markers; left alone", file=sys.stderr)
+    out = Path(args.out)
+    if not out.exists() or not splice(out, text):
+        out.write_text(f"{MARK_START}\n{text}{MARK_END}\n")
+    if args.readme and not splice(ROOT / "README.md", text):
+        print("README.md has no bench-compare markers; left alone", file=sys.stderr)
+
+
+def splice(path: Path, text: str) -> bool:
+    """Put `text` between the bench-compare markers of a file, keeping what lies around them
+    (other benchmarks' sections, the README's prose); False when the file has no markers."""
+    s = path.read_text()
+    if MARK_START not in s or MARK_END not in s:
+        return False
+    a, b = s.index(MARK_START) + len(MARK_START), s.index(MARK_END)
+    path.write_text(s[:a] + "\n" + text + s[b:])
+    return True
 
 
 if __name__ == "__main__":
