@@ -152,6 +152,7 @@ QW_TARGET_AVX2 INLINE void product(const int T, const int BITS, const uint8_t *g
         if (T == QW_Q4_K || T == QW_Q5_K) Dmin = f16x8(rec + 16);
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
+            qw_prefetch_share(rec, rb, subs, j);
             __m256i c[8], k = ones, kb = ones, kab = ones;
             switch (T) {
             case QW_Q4_0: case QW_Q4_1: unpack_nibbles8(rec + (T == QW_Q4_0 ? 16 : 32), c); break;

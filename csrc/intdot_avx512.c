@@ -105,6 +105,7 @@ QW_TARGET_AVX512 INLINE void product(const int T, const int BITS, const uint8_t 
         if (T == QW_Q4_K || T == QW_Q5_K) Dmin = f16x8(rec + 16);
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
+            qw_prefetch_share(rec, rb, subs, j);
             __m512i c[4];
             __m256i sa = _mm256_set1_epi32(1), sb = sa;
             switch (T) {
