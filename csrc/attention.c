@@ -149,6 +149,19 @@ QW_TARGET_AVX2 static float hsum8(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+/* 8 consecutive values of a pool as float32: a float16 pool is widened in registers (exactly),
+ * so its blocks are read once, straight from the pool, with no converted copy in between. */
+QW_TARGET_AVX2 static inline __attribute__((always_inline)) __m256 load8(const void *base, int64_t i, int f16) {
+    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
+    return _mm256_loadu_ps((const float *)base + i);
+}
+
+/* The first block value of one kv head's block in the pool. */
+static const void *block_at(head_pool p, int32_t block) {
+    size_t at = (size_t)block * (size_t)p.stride * (p.kv_type == QW_KV_F16 ? 2 : 4);
+    return (const char *)p.base + at;
+}
+
 /* Ask for one kv head's block ahead of use: the blocks of a sequence are scattered over the
  * pool and each thread streams a single head, which the hardware prefetchers follow poorly. */
 QW_TARGET_AVX2 static void prefetch_block(head_pool p, int32_t block, int64_t n) {
@@ -161,17 +174,29 @@ QW_TARGET_AVX2 static void prefetch_block(head_pool p, int32_t block, int64_t n)
  * i of key j at kt[i * bs + j]): each step down the block loads the 16 keys' i-th values once
  * (two vectors) and adds q[g][i] times them to every head's two accumulators, so the keys are
  * read once for the whole group and no horizontal sums are needed. `masked` tiles (the block's
- * last keys) load only the lanes below their mask; the others read 16 full lanes. Always
- * inlined with constant gc and masked, so the accumulators live in registers. */
+ * last keys) keep only the lanes below their mask (a float32 pool's others are not even
+ * loaded; a float16 pool's are loaded and zeroed, as whatever lies there may be NaN); the other
+ * tiles read 16 full lanes. Always inlined with constant gc, masked and f16, so the accumulators
+ * live in registers. kt: the block's first key value; j0: the tile's first key. */
 QW_TARGET_AVX2 static inline __attribute__((always_inline)) void
-tile_scores(const float *q, int gc, int64_t hd, const float *kt, int64_t bs, int masked, __m256i mlo, __m256i mhi,
-            float scale, float *out, int64_t ostride) {
+tile_scores(const float *q, int gc, int64_t hd, const void *kt, int64_t j0, int64_t bs, int masked, int f16,
+            __m256i mlo, __m256i mhi, float scale, float *out, int64_t ostride) {
     __m256 acc[12];
     for (int g = 0; g < 2 * gc; g++) acc[g] = _mm256_setzero_ps();
     for (int64_t i = 0; i < hd; i++) {
-        const float *row = kt + i * bs;
-        __m256 lo = masked ? _mm256_maskload_ps(row, mlo) : _mm256_loadu_ps(row);
-        __m256 hi = masked ? _mm256_maskload_ps(row + 8, mhi) : _mm256_loadu_ps(row + 8);
+        int64_t at = i * bs + j0;
+        __m256 lo, hi;
+        if (masked && !f16) {
+            lo = _mm256_maskload_ps((const float *)kt + at, mlo);
+            hi = _mm256_maskload_ps((const float *)kt + at + 8, mhi);
+        } else {
+            lo = load8(kt, at, f16);
+            hi = load8(kt, at + 8, f16);
+            if (masked) {
+                lo = _mm256_and_ps(lo, _mm256_castsi256_ps(mlo));
+                hi = _mm256_and_ps(hi, _mm256_castsi256_ps(mhi));
+            }
+        }
         for (int g = 0; g < gc; g++) {
             __m256 qb = _mm256_broadcast_ss(q + g * hd + i);
             acc[2 * g] = _mm256_fmadd_ps(qb, lo, acc[2 * g]);
@@ -185,32 +210,40 @@ tile_scores(const float *q, int gc, int64_t hd, const float *kt, int64_t bs, int
     }
 }
 
-#define TILE_CASES(M)                                                                          \
-    switch (gc) {                                                                              \
-    case 1: tile_scores(q, 1, hd, kt, bs, M, mlo, mhi, scale, out, ostride); break;            \
-    case 2: tile_scores(q, 2, hd, kt, bs, M, mlo, mhi, scale, out, ostride); break;            \
-    case 3: tile_scores(q, 3, hd, kt, bs, M, mlo, mhi, scale, out, ostride); break;            \
-    case 4: tile_scores(q, 4, hd, kt, bs, M, mlo, mhi, scale, out, ostride); break;            \
-    case 5: tile_scores(q, 5, hd, kt, bs, M, mlo, mhi, scale, out, ostride); break;            \
-    default: tile_scores(q, 6, hd, kt, bs, M, mlo, mhi, scale, out, ostride); break;           \
+#define TILE_CASES(M, F)                                                                          \
+    switch (gc) {                                                                                 \
+    case 1: tile_scores(q, 1, hd, kt, j0, bs, M, F, mlo, mhi, scale, out, ostride); break;        \
+    case 2: tile_scores(q, 2, hd, kt, j0, bs, M, F, mlo, mhi, scale, out, ostride); break;        \
+    case 3: tile_scores(q, 3, hd, kt, j0, bs, M, F, mlo, mhi, scale, out, ostride); break;        \
+    case 4: tile_scores(q, 4, hd, kt, j0, bs, M, F, mlo, mhi, scale, out, ostride); break;        \
+    case 5: tile_scores(q, 5, hd, kt, j0, bs, M, F, mlo, mhi, scale, out, ostride); break;        \
+    default: tile_scores(q, 6, hd, kt, j0, bs, M, F, mlo, mhi, scale, out, ostride); break;       \
     }
 
-QW_TARGET_AVX2 static void tile_scores_any(const float *q, int gc, int64_t hd, const float *kt, int64_t bs,
-                                           int64_t valid, float scale, float *out, int64_t ostride) {
+QW_TARGET_AVX2 static void tile_scores_any(const float *q, int gc, int64_t hd, const void *kt, int64_t j0, int64_t bs,
+                                           int64_t valid, int f16, float scale, float *out, int64_t ostride) {
     __m256i mlo = _mm256_setzero_si256(), mhi = mlo;
     if (valid >= 16) {
-        TILE_CASES(0)
+        if (f16) {
+            TILE_CASES(0, 1)
+        } else {
+            TILE_CASES(0, 0)
+        }
         return;
     }
     __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     mlo = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)valid), idx);
     mhi = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)valid - 8), idx);
-    TILE_CASES(1)
+    if (f16) {
+        TILE_CASES(1, 1)
+    } else {
+        TILE_CASES(1, 0)
+    }
 }
 #undef TILE_CASES
 
 /* Scores of all G heads against a block's nk keys: sc[g * sstride + j], scaled. */
-QW_TARGET_AVX2 static void block_scores_avx2(const float *q, int64_t G, int64_t hd, const float *Kt, int64_t bs,
+QW_TARGET_AVX2 static void block_scores_avx2(const float *q, int64_t G, int64_t hd, const void *Kt, int f16, int64_t bs,
                                              int64_t nk, float scale, float *sc, int64_t sstride) {
     /* heads in even chunks (7 as 4 + 3, not 6 + 1): a chunk of one head would leave two FMA
      * chains, each waiting on its own latency */
@@ -218,7 +251,7 @@ QW_TARGET_AVX2 static void block_scores_avx2(const float *q, int64_t G, int64_t 
     for (int64_t j0 = 0; j0 < nk; j0 += 16)
         for (int64_t g0 = 0; g0 < G; g0 += per) {
             int gc = (int)(G - g0 < per ? G - g0 : per);
-            tile_scores_any(q + g0 * hd, gc, hd, Kt + j0, bs, nk - j0, scale, sc + g0 * sstride + j0, sstride);
+            tile_scores_any(q + g0 * hd, gc, hd, Kt, j0, bs, nk - j0, f16, scale, sc + g0 * sstride + j0, sstride);
         }
 }
 
@@ -236,8 +269,8 @@ QW_TARGET_AVX2 static float max_avx2(const float *s, int64_t n) {
 
 /* a = corr * a + sum_j p[j] v_j over a block's nk values. 64 columns at a time in eight named
  * accumulators (a loop over an array of them would leave them in memory), then 8 at a time. */
-QW_TARGET_AVX2 static void pv_update_avx2(float *a, float corr, const float *p, const float *Vb, int64_t nk,
-                                          int64_t hd) {
+QW_TARGET_AVX2 static inline __attribute__((always_inline)) void
+pv_update(float *a, float corr, const float *p, const void *Vb, int f16, int64_t nk, int64_t hd) {
     __m256 vc = _mm256_set1_ps(corr);
     int64_t c = 0;
     for (; c + 64 <= hd; c += 64) {
@@ -248,15 +281,15 @@ QW_TARGET_AVX2 static void pv_update_avx2(float *a, float corr, const float *p, 
         __m256 r6 = _mm256_mul_ps(_mm256_loadu_ps(ac + 48), vc), r7 = _mm256_mul_ps(_mm256_loadu_ps(ac + 56), vc);
         for (int64_t j = 0; j < nk; j++) {
             __m256 pj = _mm256_set1_ps(p[j]);
-            const float *v = Vb + j * hd + c;
-            r0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v), r0);
-            r1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8), r1);
-            r2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 16), r2);
-            r3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 24), r3);
-            r4 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 32), r4);
-            r5 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 40), r5);
-            r6 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 48), r6);
-            r7 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 56), r7);
+            int64_t v = j * hd + c;
+            r0 = _mm256_fmadd_ps(pj, load8(Vb, v, f16), r0);
+            r1 = _mm256_fmadd_ps(pj, load8(Vb, v + 8, f16), r1);
+            r2 = _mm256_fmadd_ps(pj, load8(Vb, v + 16, f16), r2);
+            r3 = _mm256_fmadd_ps(pj, load8(Vb, v + 24, f16), r3);
+            r4 = _mm256_fmadd_ps(pj, load8(Vb, v + 32, f16), r4);
+            r5 = _mm256_fmadd_ps(pj, load8(Vb, v + 40, f16), r5);
+            r6 = _mm256_fmadd_ps(pj, load8(Vb, v + 48, f16), r6);
+            r7 = _mm256_fmadd_ps(pj, load8(Vb, v + 56, f16), r7);
         }
         _mm256_storeu_ps(ac, r0);
         _mm256_storeu_ps(ac + 8, r1);
@@ -269,15 +302,24 @@ QW_TARGET_AVX2 static void pv_update_avx2(float *a, float corr, const float *p, 
     }
     for (; c < hd; c += 8) {
         __m256 r = _mm256_mul_ps(_mm256_loadu_ps(a + c), vc);
-        for (int64_t j = 0; j < nk; j++) r = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(Vb + j * hd + c), r);
+        for (int64_t j = 0; j < nk; j++) r = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(Vb, j * hd + c, f16), r);
         _mm256_storeu_ps(a + c, r);
     }
 }
 
+QW_TARGET_AVX2 static void pv_update_avx2(float *a, float corr, const float *p, const void *Vb, int f16, int64_t nk,
+                                          int64_t hd) {
+    if (f16)
+        pv_update(a, corr, p, Vb, 1, nk, hd);
+    else
+        pv_update(a, corr, p, Vb, 0, nk, hd);
+}
+
 QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t hd, head_pool Kp, head_pool Vp,
                                              int64_t bs, const int32_t *table, int64_t n, float scale, float *acc,
-                                             float *kbuf, float *vbuf, float *sc, float *out) {
+                                             float *sc, float *out) {
     float m[64], l[64];
+    const int f16 = Kp.kv_type == QW_KV_F16;
     int64_t sstride = (bs + 15) / 16 * 16; /* a head's scores: whole 16-key tiles, 8-lane exps */
     for (int64_t g = 0; g < G; g++) {
         m[g] = -INFINITY;
@@ -290,8 +332,8 @@ QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t 
             prefetch_block(Kp, table[b + 2], bs * hd);
             prefetch_block(Vp, table[b + 2], bs * hd);
         }
-        const float *Kb = fetch(Kp, table[b], bs * hd, kbuf), *Vb = fetch(Vp, table[b], nk * hd, vbuf);
-        block_scores_avx2(q, G, hd, Kb, bs, nk, scale, sc, sstride);
+        const void *Kb = block_at(Kp, table[b]), *Vb = block_at(Vp, table[b]);
+        block_scores_avx2(q, G, hd, Kb, f16, bs, nk, scale, sc, sstride);
         for (int64_t g = 0; g < G; g++) {
             float *a = acc + g * hd, *s = sc + g * sstride;
             float bm = max_avx2(s, nk);
@@ -314,7 +356,7 @@ QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t 
                 lsum = _mm256_add_ps(lsum, e);
             }
             l[g] += hsum8(lsum);
-            pv_update_avx2(a, corr, s, Vb, nk, hd);
+            pv_update_avx2(a, corr, s, Vb, f16, nk, hd);
         }
     }
     for (int64_t g = 0; g < G; g++) {
@@ -360,7 +402,7 @@ int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_
                 head_pool Vp = {(const char *)Vc + (size_t)(kvh * bs * hd) * esize, kv_type, stride};
 #if QW_HAVE_X86
                 if (simd)
-                    attend_group_avx2(qg, G, hd, Kp, Vp, bs, table, row_pos[t] + 1, scale, acc, kbuf, vbuf, sc, og);
+                    attend_group_avx2(qg, G, hd, Kp, Vp, bs, table, row_pos[t] + 1, scale, acc, sc, og);
                 else
 #endif
                     attend_group_plain(qg, G, hd, Kp, Vp, bs, table, row_pos[t] + 1, scale, acc, kbuf, vbuf, og);
