@@ -182,6 +182,8 @@ QW_TARGET_AVX2 static inline __attribute__((always_inline)) void
 tile_scores(const float *q, int gc, int64_t hd, const void *kt, int64_t j0, int64_t bs, int masked, int f16,
             __m256i mlo, __m256i mhi, float scale, float *out, int64_t ostride) {
     __m256 acc[12];
+    /* unrolled: a loop left rolled keeps acc in memory, a store per FMA */
+#pragma GCC unroll 12
     for (int g = 0; g < 2 * gc; g++) acc[g] = _mm256_setzero_ps();
     for (int64_t i = 0; i < hd; i++) {
         int64_t at = i * bs + j0;
@@ -197,6 +199,7 @@ tile_scores(const float *q, int gc, int64_t hd, const void *kt, int64_t j0, int6
                 hi = _mm256_and_ps(hi, _mm256_castsi256_ps(mhi));
             }
         }
+#pragma GCC unroll 6
         for (int g = 0; g < gc; g++) {
             __m256 qb = _mm256_broadcast_ss(q + g * hd + i);
             acc[2 * g] = _mm256_fmadd_ps(qb, lo, acc[2 * g]);
@@ -204,6 +207,7 @@ tile_scores(const float *q, int gc, int64_t hd, const void *kt, int64_t j0, int6
         }
     }
     __m256 vs = _mm256_set1_ps(scale);
+#pragma GCC unroll 6
     for (int g = 0; g < gc; g++) {
         _mm256_storeu_ps(out + g * ostride, _mm256_mul_ps(acc[2 * g], vs));
         _mm256_storeu_ps(out + g * ostride + 8, _mm256_mul_ps(acc[2 * g + 1], vs));
