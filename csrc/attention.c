@@ -271,58 +271,72 @@ QW_TARGET_AVX2 static float max_avx2(const float *s, int64_t n) {
     return bm;
 }
 
-/* a = corr * a + sum_j p[j] v_j over a block's nk values. 64 columns at a time in eight named
- * accumulators (a loop over an array of them would leave them in memory), then 8 at a time. */
+/* a_g = corr_g * a_g + sum_j p_g[j] v_j for gc heads (gc <= 6) of a group, over W vectors (16 or
+ * 8 columns) from column c: each value row is loaded (and widened) once for all the chunk's
+ * heads, whose accumulators stay in registers over the block's nk values (the loops over them
+ * are unrolled: left rolled, they kept r on the stack). Every output is the same product by
+ * corr and the same FMA chain over j as one head at a time would give. */
 QW_TARGET_AVX2 static inline __attribute__((always_inline)) void
-pv_update(float *a, float corr, const float *p, const void *Vb, int f16, int64_t nk, int64_t hd) {
-    __m256 vc = _mm256_set1_ps(corr);
-    int64_t c = 0;
-    for (; c + 64 <= hd; c += 64) {
-        float *ac = a + c;
-        __m256 r0 = _mm256_mul_ps(_mm256_loadu_ps(ac), vc), r1 = _mm256_mul_ps(_mm256_loadu_ps(ac + 8), vc);
-        __m256 r2 = _mm256_mul_ps(_mm256_loadu_ps(ac + 16), vc), r3 = _mm256_mul_ps(_mm256_loadu_ps(ac + 24), vc);
-        __m256 r4 = _mm256_mul_ps(_mm256_loadu_ps(ac + 32), vc), r5 = _mm256_mul_ps(_mm256_loadu_ps(ac + 40), vc);
-        __m256 r6 = _mm256_mul_ps(_mm256_loadu_ps(ac + 48), vc), r7 = _mm256_mul_ps(_mm256_loadu_ps(ac + 56), vc);
-        for (int64_t j = 0; j < nk; j++) {
-            __m256 pj = _mm256_set1_ps(p[j]);
-            int64_t v = j * hd + c;
-            r0 = _mm256_fmadd_ps(pj, load8(Vb, v, f16), r0);
-            r1 = _mm256_fmadd_ps(pj, load8(Vb, v + 8, f16), r1);
-            r2 = _mm256_fmadd_ps(pj, load8(Vb, v + 16, f16), r2);
-            r3 = _mm256_fmadd_ps(pj, load8(Vb, v + 24, f16), r3);
-            r4 = _mm256_fmadd_ps(pj, load8(Vb, v + 32, f16), r4);
-            r5 = _mm256_fmadd_ps(pj, load8(Vb, v + 40, f16), r5);
-            r6 = _mm256_fmadd_ps(pj, load8(Vb, v + 48, f16), r6);
-            r7 = _mm256_fmadd_ps(pj, load8(Vb, v + 56, f16), r7);
+pv_tile(float *acc, int gc, int W, int64_t hd, const float *corr, const float *p, int64_t pstride, const void *Vb,
+        int f16, int64_t nk, int64_t c) {
+    __m256 r[12];
+#pragma GCC unroll 12
+    for (int g = 0; g < gc * W; g++)
+        r[g] = _mm256_mul_ps(_mm256_loadu_ps(acc + (g / W) * hd + c + 8 * (g % W)), _mm256_set1_ps(corr[g / W]));
+    for (int64_t j = 0; j < nk; j++) {
+        __m256 v0 = load8(Vb, j * hd + c, f16), v1 = W == 2 ? load8(Vb, j * hd + c + 8, f16) : v0;
+#pragma GCC unroll 6
+        for (int g = 0; g < gc; g++) {
+            __m256 pj = _mm256_broadcast_ss(p + g * pstride + j);
+            r[g * W] = _mm256_fmadd_ps(pj, v0, r[g * W]);
+            if (W == 2) r[g * W + 1] = _mm256_fmadd_ps(pj, v1, r[g * W + 1]);
         }
-        _mm256_storeu_ps(ac, r0);
-        _mm256_storeu_ps(ac + 8, r1);
-        _mm256_storeu_ps(ac + 16, r2);
-        _mm256_storeu_ps(ac + 24, r3);
-        _mm256_storeu_ps(ac + 32, r4);
-        _mm256_storeu_ps(ac + 40, r5);
-        _mm256_storeu_ps(ac + 48, r6);
-        _mm256_storeu_ps(ac + 56, r7);
     }
-    for (; c < hd; c += 8) {
-        __m256 r = _mm256_mul_ps(_mm256_loadu_ps(a + c), vc);
-        for (int64_t j = 0; j < nk; j++) r = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(Vb, j * hd + c, f16), r);
-        _mm256_storeu_ps(a + c, r);
-    }
+#pragma GCC unroll 12
+    for (int g = 0; g < gc * W; g++) _mm256_storeu_ps(acc + (g / W) * hd + c + 8 * (g % W), r[g]);
 }
 
-QW_TARGET_AVX2 static void pv_update_avx2(float *a, float corr, const float *p, const void *Vb, int f16, int64_t nk,
-                                          int64_t hd) {
-    if (f16)
-        pv_update(a, corr, p, Vb, 1, nk, hd);
-    else
-        pv_update(a, corr, p, Vb, 0, nk, hd);
+#define PV_CASES(W, F)                                                                        \
+    switch (gc) {                                                                             \
+    case 1: pv_tile(acc, 1, W, hd, corr, p, pstride, Vb, F, nk, c); break;                    \
+    case 2: pv_tile(acc, 2, W, hd, corr, p, pstride, Vb, F, nk, c); break;                    \
+    case 3: pv_tile(acc, 3, W, hd, corr, p, pstride, Vb, F, nk, c); break;                    \
+    case 4: pv_tile(acc, 4, W, hd, corr, p, pstride, Vb, F, nk, c); break;                    \
+    case 5: pv_tile(acc, 5, W, hd, corr, p, pstride, Vb, F, nk, c); break;                    \
+    default: pv_tile(acc, 6, W, hd, corr, p, pstride, Vb, F, nk, c); break;                   \
+    }
+
+QW_TARGET_AVX2 static void pv_tile_any(float *acc, int gc, int64_t hd, const float *corr, const float *p,
+                                       int64_t pstride, const void *Vb, int f16, int64_t nk, int64_t c) {
+    int wide = hd - c >= 16;
+    if (wide && f16) {
+        PV_CASES(2, 1)
+    } else if (wide) {
+        PV_CASES(2, 0)
+    } else if (f16) {
+        PV_CASES(1, 1)
+    } else {
+        PV_CASES(1, 0)
+    }
+}
+#undef PV_CASES
+
+/* The value update of all G heads over a block: heads in the score tiles' even chunks, columns
+ * 16 at a time (8 for a last odd vector). */
+QW_TARGET_AVX2 static void block_values_avx2(float *acc, int64_t G, int64_t hd, const float *corr, const float *p,
+                                             int64_t pstride, const void *Vb, int f16, int64_t nk) {
+    int64_t chunks = (G + 5) / 6, per = (G + chunks - 1) / chunks;
+    for (int64_t g0 = 0; g0 < G; g0 += per) {
+        int gc = (int)(G - g0 < per ? G - g0 : per);
+        for (int64_t c = 0; c < hd; c += hd - c >= 16 ? 16 : 8)
+            pv_tile_any(acc + g0 * hd, gc, hd, corr + g0, p + g0 * pstride, pstride, Vb, f16, nk, c);
+    }
 }
 
 QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t hd, head_pool Kp, head_pool Vp,
                                              int64_t bs, const int32_t *table, int64_t n, float scale, float *acc,
                                              float *sc, float *out) {
-    float m[64], l[64];
+    float m[64], l[64], corr[64];
     const int f16 = Kp.kv_type == QW_KV_F16;
     int64_t sstride = (bs + 15) / 16 * 16; /* a head's scores: whole 16-key tiles, 8-lane exps */
     for (int64_t g = 0; g < G; g++) {
@@ -339,12 +353,12 @@ QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t 
         const void *Kb = block_at(Kp, table[b]), *Vb = block_at(Vp, table[b]);
         block_scores_avx2(q, G, hd, Kb, f16, bs, nk, scale, sc, sstride);
         for (int64_t g = 0; g < G; g++) {
-            float *a = acc + g * hd, *s = sc + g * sstride;
+            float *s = sc + g * sstride;
             float bm = max_avx2(s, nk);
-            float corr = 1.0f;
+            corr[g] = 1.0f;
             if (bm > m[g]) {
-                corr = m[g] == -INFINITY ? 0.0f : expf(m[g] - bm);
-                l[g] *= corr;
+                corr[g] = m[g] == -INFINITY ? 0.0f : expf(m[g] - bm);
+                l[g] *= corr[g];
                 m[g] = bm;
             }
             /* p = e^(s - m), 8 at a time; slots past nk are zeroed, not left at e^-87 */
@@ -360,8 +374,8 @@ QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t 
                 lsum = _mm256_add_ps(lsum, e);
             }
             l[g] += hsum8(lsum);
-            pv_update_avx2(a, corr, s, Vb, f16, nk, hd);
         }
+        block_values_avx2(acc, G, hd, corr, sc, sstride, Vb, f16, nk);
     }
     for (int64_t g = 0; g < G; g++) {
         __m256 inv = _mm256_set1_ps(1.0f / l[g]);
