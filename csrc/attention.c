@@ -336,12 +336,13 @@ QW_TARGET_AVX2 static void block_values_avx2(float *acc, int64_t G, int64_t hd, 
 QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t hd, head_pool Kp, head_pool Vp,
                                              int64_t bs, const int32_t *table, int64_t n, float scale, float *acc,
                                              float *sc, float *out) {
-    float m[64], l[64], corr[64];
+    float m[64], corr[64];
+    __m256 l[64]; /* per head, the sum of e^(s - m) in 8 lanes: reduced once, at the end */
     const int f16 = Kp.kv_type == QW_KV_F16;
     int64_t sstride = (bs + 15) / 16 * 16; /* a head's scores: whole 16-key tiles, 8-lane exps */
     for (int64_t g = 0; g < G; g++) {
         m[g] = -INFINITY;
-        l[g] = 0.0f;
+        l[g] = _mm256_setzero_ps();
     }
     memset(acc, 0, (size_t)(G * hd) * sizeof(float));
     for (int64_t b = 0; b * bs < n; b++) {
@@ -358,7 +359,7 @@ QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t 
             corr[g] = 1.0f;
             if (bm > m[g]) {
                 corr[g] = m[g] == -INFINITY ? 0.0f : expf(m[g] - bm);
-                l[g] *= corr[g];
+                l[g] = _mm256_mul_ps(l[g], _mm256_set1_ps(corr[g]));
                 m[g] = bm;
             }
             /* p = e^(s - m), 8 at a time; slots past nk are zeroed, not left at e^-87 */
@@ -373,12 +374,12 @@ QW_TARGET_AVX2 static void attend_group_avx2(const float *q, int64_t G, int64_t 
                 _mm256_storeu_ps(s + j, e);
                 lsum = _mm256_add_ps(lsum, e);
             }
-            l[g] += hsum8(lsum);
+            l[g] = _mm256_add_ps(l[g], lsum);
         }
         block_values_avx2(acc, G, hd, corr, sc, sstride, Vb, f16, nk);
     }
     for (int64_t g = 0; g < G; g++) {
-        __m256 inv = _mm256_set1_ps(1.0f / l[g]);
+        __m256 inv = _mm256_set1_ps(1.0f / hsum8(l[g]));
         for (int64_t i = 0; i < hd; i += 8)
             _mm256_storeu_ps(out + g * hd + i, _mm256_mul_ps(_mm256_loadu_ps(acc + g * hd + i), inv));
     }
