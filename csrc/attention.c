@@ -174,13 +174,13 @@ QW_TARGET_AVX2 static void prefetch_block(head_pool p, int32_t block, int64_t n)
  * i of key j at kt[i * bs + j]): each step down the block loads the 16 keys' i-th values once
  * (two vectors) and adds q[g][i] times them to every head's two accumulators, so the keys are
  * read once for the whole group and no horizontal sums are needed. `masked` tiles (the block's
- * last keys) keep only the lanes below their mask (a float32 pool's others are not even
- * loaded; a float16 pool's are loaded and zeroed, as whatever lies there may be NaN); the other
+ * last keys) read only their `valid` keys (masked loads of a float32 pool; a float16 pool's
+ * are copied into zeroed lanes first, as a full load could run past the pool's end); the other
  * tiles read 16 full lanes. Always inlined with constant gc, masked and f16, so the accumulators
  * live in registers. kt: the block's first key value; j0: the tile's first key. */
 QW_TARGET_AVX2 static inline __attribute__((always_inline)) void
 tile_scores(const float *q, int gc, int64_t hd, const void *kt, int64_t j0, int64_t bs, int masked, int f16,
-            __m256i mlo, __m256i mhi, float scale, float *out, int64_t ostride) {
+            int64_t valid, __m256i mlo, __m256i mhi, float scale, float *out, int64_t ostride) {
     __m256 acc[12];
     /* unrolled: a loop left rolled keeps acc in memory, a store per FMA */
 #pragma GCC unroll 12
@@ -191,13 +191,14 @@ tile_scores(const float *q, int gc, int64_t hd, const void *kt, int64_t j0, int6
         if (masked && !f16) {
             lo = _mm256_maskload_ps((const float *)kt + at, mlo);
             hi = _mm256_maskload_ps((const float *)kt + at + 8, mhi);
+        } else if (masked) {
+            uint16_t part[16] = {0};
+            memcpy(part, (const uint16_t *)kt + at, (size_t)valid * sizeof(uint16_t));
+            lo = load8(part, 0, 1);
+            hi = load8(part, 8, 1);
         } else {
             lo = load8(kt, at, f16);
             hi = load8(kt, at + 8, f16);
-            if (masked) {
-                lo = _mm256_and_ps(lo, _mm256_castsi256_ps(mlo));
-                hi = _mm256_and_ps(hi, _mm256_castsi256_ps(mhi));
-            }
         }
 #pragma GCC unroll 6
         for (int g = 0; g < gc; g++) {
@@ -216,12 +217,12 @@ tile_scores(const float *q, int gc, int64_t hd, const void *kt, int64_t j0, int6
 
 #define TILE_CASES(M, F)                                                                          \
     switch (gc) {                                                                                 \
-    case 1: tile_scores(q, 1, hd, kt, j0, bs, M, F, mlo, mhi, scale, out, ostride); break;        \
-    case 2: tile_scores(q, 2, hd, kt, j0, bs, M, F, mlo, mhi, scale, out, ostride); break;        \
-    case 3: tile_scores(q, 3, hd, kt, j0, bs, M, F, mlo, mhi, scale, out, ostride); break;        \
-    case 4: tile_scores(q, 4, hd, kt, j0, bs, M, F, mlo, mhi, scale, out, ostride); break;        \
-    case 5: tile_scores(q, 5, hd, kt, j0, bs, M, F, mlo, mhi, scale, out, ostride); break;        \
-    default: tile_scores(q, 6, hd, kt, j0, bs, M, F, mlo, mhi, scale, out, ostride); break;       \
+    case 1: tile_scores(q, 1, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break;        \
+    case 2: tile_scores(q, 2, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break;        \
+    case 3: tile_scores(q, 3, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break;        \
+    case 4: tile_scores(q, 4, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break;        \
+    case 5: tile_scores(q, 5, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break;        \
+    default: tile_scores(q, 6, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break;       \
     }
 
 QW_TARGET_AVX2 static void tile_scores_any(const float *q, int gc, int64_t hd, const void *kt, int64_t j0, int64_t bs,
