@@ -78,10 +78,16 @@ typedef struct {
     int64_t stride;   /* values per block (all kv heads) */
 } head_pool;
 
+static size_t kv_esize(int kv_type) { return kv_type == QW_KV_F16 ? sizeof(uint16_t) : sizeof(float); }
+
+/* The first value of one kv head's block in the pool. */
+static const void *block_at(head_pool p, int32_t block) {
+    return (const char *)p.base + (size_t)block * (size_t)p.stride * kv_esize(p.kv_type);
+}
+
 static const float *fetch(head_pool p, int32_t block, int64_t n, float *scratch) {
-    size_t at = (size_t)block * (size_t)p.stride;
-    if (p.kv_type == QW_KV_F32) return (const float *)p.base + at;
-    qw_dequant_row(QW_F16, (const uint16_t *)p.base + at, scratch, n);
+    if (p.kv_type == QW_KV_F32) return block_at(p, block);
+    qw_dequant_row(QW_F16, block_at(p, block), scratch, n);
     return scratch;
 }
 
@@ -156,18 +162,11 @@ QW_TARGET_AVX2 static inline __attribute__((always_inline)) __m256 load8(const v
     return _mm256_loadu_ps((const float *)base + i);
 }
 
-/* The first block value of one kv head's block in the pool. */
-static const void *block_at(head_pool p, int32_t block) {
-    size_t at = (size_t)block * (size_t)p.stride * (p.kv_type == QW_KV_F16 ? 2 : 4);
-    return (const char *)p.base + at;
-}
-
 /* Ask for one kv head's block ahead of use: the blocks of a sequence are scattered over the
  * pool and each thread streams a single head, which the hardware prefetchers follow poorly. */
 QW_TARGET_AVX2 static void prefetch_block(head_pool p, int32_t block, int64_t n) {
-    size_t esize = p.kv_type == QW_KV_F16 ? 2 : 4;
-    const char *at = (const char *)p.base + (size_t)block * (size_t)p.stride * esize;
-    for (size_t off = 0; off < (size_t)n * esize; off += 64) _mm_prefetch(at + off, _MM_HINT_T0);
+    const char *at = block_at(p, block);
+    for (size_t off = 0; off < (size_t)n * kv_esize(p.kv_type); off += 64) _mm_prefetch(at + off, _MM_HINT_T0);
 }
 
 /* Scores of gc query heads (gc <= 6) against 16 keys of a block stored transposed (dimension
@@ -247,12 +246,17 @@ QW_TARGET_AVX2 static void tile_scores_any(const float *q, int gc, int64_t hd, c
 }
 #undef TILE_CASES
 
+/* Heads per chunk of the score and value tiles: at most 6, in even chunks (7 as 4 + 3, not
+ * 6 + 1: a chunk of one head would leave two FMA chains, each waiting on its own latency). */
+static int64_t heads_per_chunk(int64_t G) {
+    int64_t chunks = (G + 5) / 6;
+    return (G + chunks - 1) / chunks;
+}
+
 /* Scores of all G heads against a block's nk keys: sc[g * sstride + j], scaled. */
 QW_TARGET_AVX2 static void block_scores_avx2(const float *q, int64_t G, int64_t hd, const void *Kt, int f16, int64_t bs,
                                              int64_t nk, float scale, float *sc, int64_t sstride) {
-    /* heads in even chunks (7 as 4 + 3, not 6 + 1): a chunk of one head would leave two FMA
-     * chains, each waiting on its own latency */
-    int64_t chunks = (G + 5) / 6, per = (G + chunks - 1) / chunks;
+    int64_t per = heads_per_chunk(G);
     for (int64_t j0 = 0; j0 < nk; j0 += 16)
         for (int64_t g0 = 0; g0 < G; g0 += per) {
             int gc = (int)(G - g0 < per ? G - g0 : per);
@@ -326,7 +330,7 @@ QW_TARGET_AVX2 static void pv_tile_any(float *acc, int gc, int64_t hd, const flo
  * 16 at a time (8 for a last odd vector). */
 QW_TARGET_AVX2 static void block_values_avx2(float *acc, int64_t G, int64_t hd, const float *corr, const float *p,
                                              int64_t pstride, const void *Vb, int f16, int64_t nk) {
-    int64_t chunks = (G + 5) / 6, per = (G + chunks - 1) / chunks;
+    int64_t per = heads_per_chunk(G);
     for (int64_t g0 = 0; g0 < G; g0 += per) {
         int gc = (int)(G - g0 < per ? G - g0 : per);
         for (int64_t c = 0; c < hd; c += hd - c >= 16 ? 16 : 8)
@@ -393,17 +397,17 @@ int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_
                        float *out) {
     int64_t G = n_heads / n_kv_heads;
     int64_t stride = n_kv_heads * bs * hd; /* values per block */
-    size_t esize = kv_type == QW_KV_F16 ? sizeof(uint16_t) : sizeof(float);
+    size_t esize = kv_esize(kv_type);
     if (G > 64 || bs > MAX_BS || bs < 1 || (kv_type != QW_KV_F32 && kv_type != QW_KV_F16)) return -1;
     int simd = qw_use_avx2() && hd % 8 == 0;
-    (void)simd;
     int failed = 0;
 #pragma omp parallel num_threads(qw_get_threads())
     {
-        /* acc [G, hd]; a block's scores [G, bs rounded up to 16]; for a 16-bit pool, one block
-         * of one kv head's keys and values as float32 */
+        /* acc [G, hd]; a block's scores [G, bs rounded up to 16]; for a 16-bit pool on the plain
+         * path, one block of one kv head's keys and values as float32 (the AVX2 path widens in
+         * registers) */
         size_t sstride = (size_t)(bs + 15) / 16 * 16;
-        size_t scratch = (size_t)(G * hd) + (size_t)G * sstride + (kv_type == QW_KV_F16 ? (size_t)(2 * bs * hd) : 0);
+        size_t scratch = (size_t)(G * hd) + (size_t)G * sstride + (kv_type == QW_KV_F16 && !simd ? (size_t)(2 * bs * hd) : 0);
         float *acc = malloc(scratch * sizeof(float));
         float *sc = acc ? acc + G * hd : NULL, *kbuf = sc ? sc + (size_t)G * sstride : NULL;
         float *vbuf = kbuf ? kbuf + bs * hd : NULL;

@@ -168,7 +168,7 @@ QW_TARGET_AVX512 INLINE void product(const int T, const int BITS, const uint8_t 
 }
 
 /* A lone act row (decode) is passed as the constant 1, so that its accumulators live in registers
- * rather than in the M-long arrays' stack slots (about 12% of 1.5B decode). */
+ * rather than in the M-long arrays' stack slots (as in intdot_avx2.c; not timed on such a CPU). */
 #define KERNEL(T, NAME, BITS)                                                                                   \
     QW_TARGET_AVX512 static void r8_##NAME##_##BITS(const uint8_t *g, int64_t K, const uint8_t *xq, size_t xs,   \
                                                     int64_t M, float *out) {                                    \
