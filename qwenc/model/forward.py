@@ -26,9 +26,10 @@ from .. import _ops
 from .._ops import ACTIVATIONS, KV_DTYPES
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..formats.config import ModelConfig
-from .weights import Layer, Weights
+from .weights import Layer, Weights, release_pages
 
 BLOCK_SIZE = 16       # token positions per KV block
+EMBED_RELEASE_ROWS = 64  # steps of this many tokens or more drop the embedding table's pages after the lookup
 PREFILL_CHUNK = 512   # prompt tokens per step in Transformer.forward: bounds activation memory
 
 
@@ -284,6 +285,11 @@ class Transformer:
         ws = self._workspace(r)
         _ops.embed(w.embed.data, w.embed.dtype, cfg.vocab_size, cfg.hidden_size,
                    np.asarray(ids, dtype=np.int32), ws.x)
+        if r >= EMBED_RELEASE_ROWS:
+            # Each row read from a memory-mapped table maps in the pages around it too (the
+            # kernel's fault-around: 64 KiB per row), so a long prompt of scattered tokens
+            # would leave most of the table resident; its pages are clean and are dropped again.
+            release_pages(w.embed.data)
         for li, layer in enumerate(w.layers):
             self._block(layer, li, ws, pos, groups)
         for it in items:

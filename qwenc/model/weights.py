@@ -53,9 +53,9 @@ class Linear:
         `tied`: W is also the embedding table, whose rows the lookup reads as stored."""
         w = self.weight
         if self.packed is None and _ops.r8_of(w.dtype):
-            data, code = _ops.repack(w.data.reshape(-1), w.dtype, w.shape[0], w.shape[1])
+            data, code, mapped = _repack_in_pieces(w)
             self.packed = Tensor(w.name, code, w.shape, data, w.source)
-            if not _release_pages(w.data) and not tied:
+            if not mapped and not tied:
                 # an in-memory original (re-encoded at load): keeping both would hold the weights
                 # twice; the repacked copy has the same values in every mode
                 self.weight = self.packed
@@ -159,7 +159,32 @@ class Weights:
         return self.vector(name, n)
 
 
-def _release_pages(data: np.ndarray):
+# Rows repacked per piece: a few MB, so that a large matrix (an output head of 150k rows) never
+# has its stored pages and its whole repacked copy resident at once.
+REPACK_PIECE_ROWS = 4096
+
+
+def _repack_in_pieces(w: Tensor):
+    """W's row-interleaved copy, built a piece of rows at a time, the stored pages of each piece
+    released as soon as it is copied: (data, type code, whether W is a view of a file mapping)."""
+    n, k = w.shape
+    if n == 0:
+        data, code = _ops.repack(w.data.reshape(-1), w.dtype, n, k)
+        return data, code, release_pages(w.data)
+    rows = w.data.reshape(n, -1)
+    out, mapped = None, True
+    for r0 in range(0, n, REPACK_PIECE_ROWS):
+        piece = rows[r0:r0 + REPACK_PIECE_ROWS]
+        data, code = _ops.repack(piece.reshape(-1), w.dtype, piece.shape[0], k)
+        if out is None:  # every full piece repacks to the same size
+            group = data.size // -(-piece.shape[0] // 8)
+            out = np.empty(-(-n // 8) * group, np.uint8)
+        out[r0 // 8 * group:r0 // 8 * group + data.size] = data
+        mapped = release_pages(piece) and mapped
+    return out, code, mapped
+
+
+def release_pages(data: np.ndarray):
     """Let the OS drop this process's pages of a read-only file mapping that `data` views (after
     it was copied elsewhere): they are clean, so a later read just maps them in again. Keeps the
     resident size at about one copy of the weights while they are repacked. Returns False (and
