@@ -9,7 +9,9 @@ on the same GGUF files, and qwenc's batched decode.
     --json): prefill 128 and 512, decode after each;
   - transformers on the same GGUF, dequantized to float32 (what the f32 mode computes): prefill
     128 and 32 decode steps, torch at the same thread count, run after the others;
-  - batched decode of the default mode (bench_batched_decode.py) on the first model.
+  - batched decode of the default mode (bench_batched_decode.py) on the first model;
+  - peak RSS of qwenc's default mode and of llama.cpp, each in a fresh process, after a 4,096-token
+    prompt (bench_memory.py).
 The result is a markdown block with the date, the CPU, its SIMD flags and the commit, written
 between the `bench-compare` markers of --out (other sections of that file are kept; a file
 without markers is replaced); --readme also puts it into README.md between the same markers.
@@ -118,6 +120,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="prompt 128 only, 32 decode steps, 1 repeat (a smoke run)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "bench"))
     prompts, gen, repeats = ([128], 32, 1) if args.quick else ([128, 512], 64, args.repeats)
     models = []
     for m in args.models.split(","):
@@ -160,6 +163,11 @@ def main():
                  f"tok/s and the ratio to B = 1):")
     lines.append("")
     lines.extend(run_batched(models[0], args.threads, repeats))
+    if not args.quick:
+        import bench_memory
+        lines += ["", f"Peak RSS ({bench_memory.WORKLOAD}):", ""]
+        lines += bench_memory.HEADER + [bench_memory.markdown(Path(m).name, bench_memory.measure(m, args.threads))
+                                        for m in models]
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(args.out)
