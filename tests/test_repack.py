@@ -103,6 +103,30 @@ def test_repack_argument_checks():
         _ops.matmul(packed[:-1], r8, 4, 64, np.ones((1, 64), np.float32), np.empty((1, 4), np.float32))
 
 
+@pytest.mark.parametrize("name", ["Q5_0", "Q8_0", "Q6_K"])
+def test_piecewise_repack_of_a_mapped_matrix_is_the_whole(name, tmp_path):
+    """Linear.repack builds a large matrix's copy a piece of rows at a time, releasing each
+    piece's mapped pages: the result is byte for byte _ops.repack of the whole matrix, for a row
+    count that is neither a multiple of the piece nor of 8, read from a real file mapping."""
+    import mmap
+
+    from qwenc.formats.tensors import Tensor
+    from qwenc.model import weights as W
+    N, K = 2 * W.REPACK_PIECE_ROWS + 13, 256
+    data = synthetic(name, N, K, seed=7).reshape(-1)
+    path = tmp_path / "w.bin"
+    path.write_bytes(data.tobytes())
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = np.frombuffer(mm, np.uint8)
+    lin = W.Linear(Tensor("w", CODE[name], (N, K), view, "test"))
+    assert lin.repack()
+    whole, r8 = _ops.repack(data, CODE[name], N, K)
+    assert lin.packed.dtype == r8 and np.array_equal(lin.packed.data, whole)
+    assert lin.weight.data is view  # a mapped original stays (its pages fault back in if read)
+    np.testing.assert_array_equal(view, data)  # and still reads as the stored bytes
+
+
 # ---------------------------------------------------------------- falsifiers
 
 @pytest.mark.parametrize("name", ["Q5_0", "Q4_K", "Q6_K", "Q8_0"])
