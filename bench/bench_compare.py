@@ -120,7 +120,6 @@ def main():
     ap.add_argument("--quick", action="store_true", help="prompt 128 only, 32 decode steps, 1 repeat (a smoke run)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "bench"))
     prompts, gen, repeats = ([128], 32, 1) if args.quick else ([128, 512], 64, args.repeats)
     models = []
     for m in args.models.split(","):

@@ -24,14 +24,13 @@ import json, sys
 import numpy as np
 import qwenc
 m = qwenc.load(sys.argv[1], context=%(ctx)d, threads=int(sys.argv[2]))
-cfg = m.transformer.config
 seq = m.new_sequence(%(ctx)d)
 tok = int(np.argmax(m.forward(seq, np.random.default_rng(0).integers(0, 150000, %(prompt)d).tolist())))
 for _ in range(%(gen)d):
     tok = int(np.argmax(m.forward(seq, [tok])))
-kv = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2 * %(ctx)d
+kv = sum(a.nbytes for a in seq.cache.k + seq.cache.v)  # the cache as allocated
 hwm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
-print(json.dumps({"hwm": hwm, "kv": kv}))
+print(json.dumps({"hwm": hwm, "kv": kv, "kv_dtype": m.transformer.kv_dtype}))
 """ % {"ctx": CONTEXT, "prompt": PROMPT, "gen": GEN}
 
 LLAMA = r"""
@@ -50,10 +49,12 @@ print(json.dumps({"hwm": hwm}))
 
 
 def peak(script, model, threads):
+    """The JSON line one of the scripts above prints, run in a fresh interpreter."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", script, model, str(threads)], capture_output=True, text=True, env=env)
+    r = subprocess.run([sys.executable, "-c", script, model, str(threads)], capture_output=True, text=True, env=env,
+                       timeout=1800)  # a stuck run fails instead of hanging the suite or the comparison
     if r.returncode:
-        raise SystemExit(f"bench_memory: run failed:\n{r.stderr[-2000:]}")
+        raise RuntimeError(f"bench_memory: run failed:\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 

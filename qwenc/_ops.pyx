@@ -129,10 +129,17 @@ def r8_of(int dtype):
     return qw_r8_of(dtype)
 
 
-def repack(const uint8_t[::1] W, int dtype, int64_t N, int64_t K):
+def matrix_bytes(int dtype, int64_t N, int64_t K):
+    """Bytes of an N x K matrix of type `dtype` (a stored type or a repacked one)."""
+    return qw_matrix_bytes(dtype, N, K)
+
+
+def repack(const uint8_t[::1] W, int dtype, int64_t N, int64_t K, out=None):
     """The N x K matrix W of stored type `dtype` in its row-interleaved layout: (uint8 array,
     type code). The same values: every product on it gives what it gives on W, faster on the
-    integer path (one unpacked block serves 8 rows and every activation row)."""
+    integer path (one unpacked block serves 8 rows and every activation row). `out`: a uint8
+    buffer of matrix_bytes(r8_of(dtype), N, K) to write it into (returned) instead of a new one;
+    with N a multiple of 8, a matrix's row ranges repack into consecutive slices of its layout."""
     cdef int r8 = qw_r8_of(dtype)
     if not r8:
         raise ValueError(f"type {dtype} has no repacked layout")
@@ -140,8 +147,11 @@ def repack(const uint8_t[::1] W, int dtype, int64_t N, int64_t K):
         raise ValueError(f"bad shape [{N}, {K}] for type {dtype}")
     if <size_t>W.shape[0] < qw_matrix_bytes(dtype, N, K):
         raise ValueError("weight buffer too small for its shape")
-    out = np.empty(qw_matrix_bytes(r8, N, K), np.uint8)
+    if out is None:
+        out = np.empty(qw_matrix_bytes(r8, N, K), np.uint8)
     cdef uint8_t[::1] o = out
+    if <size_t>o.shape[0] != qw_matrix_bytes(r8, N, K):
+        raise ValueError("output buffer is not the repacked matrix's size")
     if N > 0:
         with nogil:
             qw_repack_r8(dtype, &W[0], N, K, &o[0])

@@ -125,6 +125,8 @@ def test_piecewise_repack_of_a_mapped_matrix_is_the_whole(name, tmp_path):
     assert lin.packed.dtype == r8 and np.array_equal(lin.packed.data, whole)
     assert lin.weight.data is view  # a mapped original stays (its pages fault back in if read)
     np.testing.assert_array_equal(view, data)  # and still reads as the stored bytes
+    del lin, view
+    mm.close()
 
 
 # ---------------------------------------------------------------- falsifiers

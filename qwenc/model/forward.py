@@ -285,10 +285,11 @@ class Transformer:
         ws = self._workspace(r)
         _ops.embed(w.embed.data, w.embed.dtype, cfg.vocab_size, cfg.hidden_size,
                    np.asarray(ids, dtype=np.int32), ws.x)
-        if r >= EMBED_RELEASE_ROWS:
+        if r >= EMBED_RELEASE_ROWS and w.embed_lookup_only():
             # Each row read from a memory-mapped table maps in the pages around it too (the
             # kernel's fault-around: 64 KiB per row), so a long prompt of scattered tokens
-            # would leave most of the table resident; its pages are clean and are dropped again.
+            # would leave most of the table resident; its pages are clean and are dropped again
+            # (not when a tied head reads the whole table as stored: it would fault it all back).
             release_pages(w.embed.data)
         for li, layer in enumerate(w.layers):
             self._block(layer, li, ws, pos, groups)

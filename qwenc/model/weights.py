@@ -126,6 +126,11 @@ class Weights:
             packed |= lin.repack(tied=lin is self.head and self.lm_head is self.embed)
         return packed
 
+    def embed_lookup_only(self) -> bool:
+        """Whether only the token lookup reads the embedding table: not when a tied head
+        multiplies by it as stored (it reads every row each step)."""
+        return self.head._matrix() is not self.embed
+
     def get(self, name, shape) -> Tensor:
         t = self.tensors.get(name)
         if t is None:
@@ -165,21 +170,18 @@ REPACK_PIECE_ROWS = 4096
 
 
 def _repack_in_pieces(w: Tensor):
-    """W's row-interleaved copy, built a piece of rows at a time, the stored pages of each piece
-    released as soon as it is copied: (data, type code, whether W is a view of a file mapping)."""
+    """W's row-interleaved copy, built a piece of rows at a time into one buffer, the stored
+    pages of each piece released as soon as it is copied: (data, type code, whether W is a view
+    of a file mapping)."""
     n, k = w.shape
-    if n == 0:
-        data, code = _ops.repack(w.data.reshape(-1), w.dtype, n, k)
-        return data, code, release_pages(w.data)
-    rows = w.data.reshape(n, -1)
-    out, mapped = None, True
-    for r0 in range(0, n, REPACK_PIECE_ROWS):
-        piece = rows[r0:r0 + REPACK_PIECE_ROWS]
-        data, code = _ops.repack(piece.reshape(-1), w.dtype, piece.shape[0], k)
-        if out is None:  # every full piece repacks to the same size
-            group = data.size // -(-piece.shape[0] // 8)
-            out = np.empty(-(-n // 8) * group, np.uint8)
-        out[r0 // 8 * group:r0 // 8 * group + data.size] = data
+    code, rb = _ops.r8_of(w.dtype), row_bytes(w.dtype, k)
+    flat = w.data.reshape(-1)
+    out = np.empty(_ops.matrix_bytes(code, n, k), np.uint8)
+    mapped = True
+    for r0 in range(0, n, REPACK_PIECE_ROWS):  # a multiple of 8: pieces fill consecutive groups
+        r1 = min(n, r0 + REPACK_PIECE_ROWS)
+        piece = flat[r0 * rb:r1 * rb]
+        _ops.repack(piece, w.dtype, r1 - r0, k, out[_ops.matrix_bytes(code, r0, k):_ops.matrix_bytes(code, r1, k)])
         mapped = release_pages(piece) and mapped
     return out, code, mapped
 
