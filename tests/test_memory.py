@@ -15,7 +15,7 @@ import bench_memory  # noqa: E402
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
-def test_peak_rss_within_file_kv_and_100_mib(demo_gguf):
+def test_real_model_peak_rss_within_file_kv_and_100_mib(demo_gguf):
     got = bench_memory.peak(bench_memory.QWENC, str(demo_gguf), 2)
     assert got["kv_dtype"] == "f16"
     file_bytes = Path(demo_gguf).stat().st_size
