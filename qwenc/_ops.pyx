@@ -6,6 +6,7 @@ kernels run without the GIL. These wrappers check shapes only where a mismatch w
 or write out of bounds.
 """
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+from libc.stdlib cimport calloc, free
 
 import numpy as np
 
@@ -56,6 +57,37 @@ cdef extern from "attention.h":
                            int kv_type, const void *Kc, const void *Vc, int64_t bs, const int32_t *block_tables,
                            int64_t max_blocks, const int32_t *row_seq, const int64_t *row_pos, float scale,
                            float *out) nogil
+
+cdef extern from "forward.h":
+    ctypedef struct qw_layer:
+        const float *attn_norm
+        const float *mlp_norm
+        const float *q_norm
+        const float *k_norm
+        qw_product qkv[3]
+        qw_product o
+        qw_product gate_up[2]
+        qw_product down
+        void *Kc
+        void *Vc
+    ctypedef struct qw_stack:
+        int64_t hidden, heads, kv_heads, head_dim, inter
+        float eps, scale
+        const float *inv_freq
+        int act, kv_type
+        int64_t bs
+        float *x
+        float *h
+        float *q
+        float *k
+        float *v
+        float *attn
+        float *o
+        float *gate
+        float *up
+    int qw_forward_layers(const qw_stack *s, const qw_layer *layers, int n, int64_t T, const int64_t *pos,
+                          const int64_t *slots, const int32_t *block_tables, int64_t max_blocks,
+                          const int32_t *row_seq) nogil
 
 cdef extern from "sample.h":
     int64_t qw_argmax(const float *x, int64_t n) nogil
@@ -377,6 +409,141 @@ def paged_attention(const float[:, :, ::1] q, Kc, Vc,
                                 &block_tables[0, 0], mb, &row_seq[0], &row_pos[0], scale, &out[0, 0, 0])
     if rc != 0:
         raise MemoryError("attention: out of memory for its scratch buffers")
+
+
+# ---------------------------------------------------------------- the decoder layers
+
+cdef float *_rows(object a, int64_t rows, int64_t width, str name) except NULL:
+    cdef float[:, ::1] m = a
+    if m.shape[0] < rows or m.shape[1] != width:
+        raise ValueError(f"buffer {name} is {m.shape[0]}x{m.shape[1]}, needs {rows}x{width}")
+    return &m[0, 0]
+
+
+cdef const float *_vec(object a, int64_t n, str name) except? NULL:
+    cdef const float[::1] v
+    if a is None:
+        return NULL
+    v = a
+    if v.shape[0] != n:
+        raise ValueError(f"{name} has {v.shape[0]} values, needs {n}")
+    return &v[0]
+
+
+cdef _product(qw_product *p, object prod, int64_t K, int64_t M, float *Y):
+    """Fills p from a (W, dtype, N, Y, bias) product whose Y is the buffer at Y."""
+    cdef const uint8_t[::1] w
+    cdef float[:, ::1] y
+    cdef const float[::1] b
+    W, dtype, N, Yarr, bias = prod
+    w, y, b = W, Yarr, bias
+    _check_product(w, dtype, N, K, M, y, b)
+    if &y[0, 0] != Y:
+        raise ValueError("a product does not write into the step's buffer for it")
+    p.W = &w[0]
+    p.dtype = dtype
+    p.N = N
+    p.Y = Y
+    p.bias = &b[0] if b is not None else NULL
+
+
+cdef class LayerStack:
+    """The decoder layers of a model bound to one set of step buffers and one KV cache, for
+    forward_layers: every pointer checked once here, so a step checks only its own rows. Holds
+    the arrays it points into."""
+    cdef qw_stack s
+    cdef qw_layer *layers
+    cdef int n
+    cdef readonly int64_t capacity, n_blocks
+    cdef object keep
+
+    def __cinit__(self):
+        self.layers = NULL
+
+    def __init__(self, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter,
+                 float eps, float scale, inv_freq, int act, buffers, layers):
+        """buffers: (x, h, q, k, v, attn, o, gate, up), each [capacity, width]; layers: per layer
+        (attn_norm, mlp_norm, q_norm or None, k_norm or None, (q, k, v products), o product,
+        (gate, up products), down product, K pool, V pool), a product being (W, dtype, N, Y,
+        bias) with Y the buffer it writes (q, k, v; o; gate, up; o)."""
+        cdef int64_t C, i
+        cdef int64_t shape[4]
+        cdef void *kp
+        cdef void *vp
+        cdef int kv_type = -1, t
+        _check_act(act)
+        x, h, q, k, v, attn, o, gate, up = buffers
+        C = np.asarray(x).shape[0]
+        qs, kvs = heads * head_dim, kv_heads * head_dim
+        self.s.hidden, self.s.heads, self.s.kv_heads, self.s.head_dim, self.s.inter = hidden, heads, kv_heads, head_dim, inter
+        self.s.eps, self.s.scale, self.s.act = eps, scale, act
+        self.s.inv_freq = _vec(inv_freq, head_dim // 2, "inv_freq")
+        self.s.x, self.s.h = _rows(x, C, hidden, "x"), _rows(h, C, hidden, "h")
+        self.s.q, self.s.k, self.s.v = _rows(q, C, qs, "q"), _rows(k, C, kvs, "k"), _rows(v, C, kvs, "v")
+        self.s.attn, self.s.o = _rows(attn, C, qs, "attn"), _rows(o, C, hidden, "o")
+        self.s.gate, self.s.up = _rows(gate, C, inter, "gate"), _rows(up, C, inter, "up")
+        if kv_heads < 1 or heads % kv_heads or heads // kv_heads > 64 or head_dim < 2 or head_dim % 2:
+            raise ValueError(f"{heads} query heads, {kv_heads} kv heads of {head_dim} have no attention kernel")
+        self.n = len(layers)
+        self.layers = <qw_layer *>calloc(max(self.n, 1), sizeof(qw_layer))
+        if self.layers == NULL:
+            raise MemoryError()
+        self.n_blocks = -1
+        for i, lay in enumerate(layers):
+            an, mn, qn, kn, qkv, op, gu, dp, Kc, Vc = lay
+            L = &self.layers[i]
+            L.attn_norm, L.mlp_norm = _vec(an, hidden, "attn_norm"), _vec(mn, hidden, "mlp_norm")
+            L.q_norm, L.k_norm = _vec(qn, head_dim, "q_norm"), _vec(kn, head_dim, "k_norm")
+            if (L.q_norm == NULL) != (L.k_norm == NULL):
+                raise ValueError("q_norm and k_norm go together")
+            _product(&L.qkv[0], qkv[0], hidden, C, self.s.q)
+            _product(&L.qkv[1], qkv[1], hidden, C, self.s.k)
+            _product(&L.qkv[2], qkv[2], hidden, C, self.s.v)
+            _product(&L.o, op, qs, C, self.s.o)
+            _product(&L.gate_up[0], gu[0], hidden, C, self.s.gate)
+            _product(&L.gate_up[1], gu[1], hidden, C, self.s.up)
+            _product(&L.down, dp, inter, C, self.s.o)
+            t = _pools(Kc, Vc, &kp, &vp, shape)
+            if shape[1] != kv_heads or shape[3] != head_dim or shape[2] < 1 or shape[2] > 256:
+                raise ValueError("KV pool shape mismatch")
+            if kv_type >= 0 and (t != kv_type or shape[0] != self.n_blocks or shape[2] != self.s.bs):
+                raise ValueError("the layers' KV pools differ in type or shape")
+            kv_type, self.n_blocks, self.s.bs = t, shape[0], shape[2]
+            L.Kc, L.Vc = kp, vp
+        self.s.kv_type = kv_type
+        self.capacity = C
+        self.keep = (buffers, layers, inv_freq)
+
+    def __dealloc__(self):
+        free(self.layers)
+
+
+def forward_layers(LayerStack st, int64_t T, const int64_t[::1] pos, const int64_t[::1] slots,
+                   const int32_t[:, ::1] block_tables, const int32_t[::1] row_seq):
+    """Runs every layer of st over the first T rows of its x buffer (in place): row t at
+    position pos[t] of sequence row_seq[t] (a row of block_tables), its key and value stored at
+    slots[t], as forward.py's per-layer path computes it, bit for bit."""
+    cdef int64_t t, b, nblk, S = block_tables.shape[0], mb = block_tables.shape[1], bs = st.s.bs, nb = st.n_blocks
+    cdef int rc
+    if T < 1 or T > st.capacity:
+        raise ValueError(f"{T} rows for buffers of {st.capacity}")
+    if pos.shape[0] != T or slots.shape[0] != T or row_seq.shape[0] != T:
+        raise ValueError("row arrays differ in length from T")
+    for t in range(T):
+        if slots[t] < 0 or slots[t] >= nb * bs:
+            raise ValueError(f"slot {slots[t]} outside the pool of {nb} blocks of {bs}")
+        if row_seq[t] < 0 or row_seq[t] >= S:
+            raise ValueError(f"row {t}: sequence {row_seq[t]} outside the {S} block tables")
+        if pos[t] < 0 or pos[t] // bs >= mb:
+            raise ValueError(f"row {t}: position {pos[t]} beyond its block table of {mb} blocks")
+        nblk = pos[t] // bs + 1
+        for b in range(nblk):
+            if block_tables[row_seq[t], b] < 0 or block_tables[row_seq[t], b] >= nb:
+                raise ValueError(f"row {t}: block id {block_tables[row_seq[t], b]} outside the pool of {nb}")
+    with nogil:
+        rc = qw_forward_layers(&st.s, st.layers, st.n, T, &pos[0], &slots[0], &block_tables[0, 0], mb, &row_seq[0])
+    if rc != 0:
+        raise MemoryError("forward_layers: out of memory for a kernel's scratch buffers")
 
 
 # ---------------------------------------------------------------- sampling

@@ -18,6 +18,7 @@ arithmetic whatever else the step holds, so a sequence's logits do not depend on
 batched with.
 """
 import os
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,8 @@ class KVCache:
         vshape = (self.num_blocks, cfg.num_kv_heads, self.block_size, cfg.head_dim)
         self.k = [np.zeros(kshape, KV_DTYPES[dtype]) for _ in range(cfg.num_layers)]
         self.v = [np.zeros(vshape, KV_DTYPES[dtype]) for _ in range(cfg.num_layers)]
+        # (model, workspace, _ops.LayerStack): the layers bound to these pools (Transformer._layer_stack)
+        self.layer_stack = None
         if prefault:
             # np.zeros maps pages lazily; a server's cache is touched now, so its memory is
             # taken (and visible) at start, not crept into as blocks are first used
@@ -195,6 +198,10 @@ class Transformer:
         self.inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
         self.scale = float(1.0 / np.sqrt(hd))
         self._ws = None
+        # Steps whose rows share one KV cache (every engine step, every single sequence) run
+        # all their layers in one C call (_ops.forward_layers): the same kernels in the same
+        # order as _block, without returning to Python between them. False runs _block's path.
+        self.fused = True
         # the integer modes run on row-interleaved copies of the quantized weights
         integer = bool(self._act) and weights.repack()
         # "auto": where the products already round activations (an integer mode on quantized
@@ -291,8 +298,12 @@ class Transformer:
             # would leave most of the table resident; its pages are clean and are dropped again
             # (not when a tied head reads the whole table as stored: it would fault it all back).
             release_pages(w.embed.data)
-        for li, layer in enumerate(w.layers):
-            self._block(layer, li, ws, pos, groups)
+        if self.fused and len(groups) == 1:
+            g = groups[0]
+            _ops.forward_layers(self._layer_stack(ws, g.cache), r, pos, g.slots, g.tables, g.row_seq)
+        else:
+            for li, layer in enumerate(w.layers):
+                self._block(layer, li, ws, pos, groups)
         for it in items:
             it.seq.tokens.extend(int(t) for t in it.tokens)
         logits = np.empty((len(wanted), cfg.vocab_size), np.float32)
@@ -302,6 +313,25 @@ class Transformer:
             _ops.rmsnorm(np.ascontiguousarray(ws.x[rows]), w.norm, cfg.rms_norm_eps, h)
             w.head(h, logits, self._act)
         return logits
+
+    def _layer_stack(self, ws: Workspace, cache: KVCache):
+        """The C view of every layer bound to ws's buffers and cache's pools. It is kept on the
+        cache, so it lives no longer than the pools it points into, and built again when the
+        model or the workspace changes."""
+        held = cache.layer_stack
+        if held is None or held[0]() is not self or held[1] is not ws:
+            cfg = self.config
+            bufs = (ws._x, ws._h, ws._q, ws._k, ws._v, ws._attn, ws._o, ws._gate, ws._up)
+            layers = [(L.attn_norm, L.mlp_norm, L.q_norm, L.k_norm,
+                       (L.q.product(ws._q), L.k.product(ws._k), L.v.product(ws._v)), L.o.product(ws._o),
+                       (L.gate.product(ws._gate), L.up.product(ws._up)), L.down.product(ws._o),
+                       cache.k[li], cache.v[li])
+                      for li, L in enumerate(self.weights.layers)]
+            stack = _ops.LayerStack(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                    cfg.intermediate_size, cfg.rms_norm_eps, self.scale, self.inv_freq,
+                                    self._act, bufs, layers)
+            held = cache.layer_stack = (weakref.ref(self), ws, stack)
+        return held[2]
 
     @staticmethod
     def _groups(items, pos):

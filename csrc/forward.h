@@ -1,0 +1,46 @@
+/* The decoder layers of one step, run in C from start to end: what qwenc/model/forward.py's
+ * `_block` does per layer, the same kernels in the same order (so the same bits), without a
+ * return to Python between them. A decode step calls some fifteen kernels per layer; between
+ * them the Python layer cost a few microseconds each, while the other thread of the team waited:
+ * 2 ms of a 57 ms step on the 1.5B model. */
+#ifndef QWENC_FORWARD_H
+#define QWENC_FORWARD_H
+
+#include <stdint.h>
+
+#include "matmul.h"
+
+/* One decoder layer: its weights (products write into the step's buffers) and KV pools. */
+typedef struct {
+    const float *attn_norm, *mlp_norm; /* [hidden] */
+    const float *q_norm, *k_norm;      /* [head_dim] (Qwen3), or NULL */
+    qw_product qkv[3];                 /* Y: the step's q, k, v buffers */
+    qw_product o;                      /* Y: the step's o buffer */
+    qw_product gate_up[2];             /* Y: the step's gate, up buffers */
+    qw_product down;                   /* Y: the step's o buffer */
+    void *Kc, *Vc;                     /* [n_blocks, kv_heads, head_dim, bs], [n_blocks, kv_heads, bs, head_dim] */
+} qw_layer;
+
+/* The shapes and the step's buffers, rows of the widths below (row t of each is token t). */
+typedef struct {
+    int64_t hidden, heads, kv_heads, head_dim, inter;
+    float eps, scale;
+    const float *inv_freq; /* [head_dim / 2] */
+    int act;               /* QW_ACT_* */
+    int kv_type;           /* QW_KV_* of the pools */
+    int64_t bs;            /* positions per KV block */
+    float *x, *h;          /* [T, hidden]: residual stream, normalised input of a sub-block */
+    float *q, *k, *v;      /* [T, heads * head_dim], [T, kv_heads * head_dim] x 2 */
+    float *attn, *o;       /* [T, heads * head_dim], [T, hidden] */
+    float *gate, *up;      /* [T, inter] */
+} qw_stack;
+
+/* Runs layers [0, n) over the T rows in s->x (updated in place), every row in one KV cache:
+ * row t's key and value go to slot slots[t], and it attends to positions 0 .. pos[t] of
+ * sequence row_seq[t] (a row of block_tables [*, max_blocks]). The caller has checked every
+ * slot and block id against the pools. Returns 0, or QW_ENOMEM when a kernel's scratch could
+ * not be allocated (x is then undefined). */
+int qw_forward_layers(const qw_stack *s, const qw_layer *layers, int n, int64_t T, const int64_t *pos,
+                      const int64_t *slots, const int32_t *block_tables, int64_t max_blocks, const int32_t *row_seq);
+
+#endif

@@ -1,0 +1,92 @@
+"""The decoder layers run in one C call (_ops.forward_layers) give the bits of the per-layer path
+(Transformer._block, kernel by kernel from Python), on Qwen2 (q/k/v biases) and Qwen3 (q/k norms),
+in every activation mode and KV dtype, for prefill, decode and a step of several sequences of one
+shared cache. A falsifier shows the comparison sees a one-ulp change of one norm weight."""
+import numpy as np
+import pytest
+
+import qwenc
+from qwenc.model.forward import KVCache, Sequence, StepItem
+from modelgen import make_model
+
+CASES = [  # (arch, dtype, activations, kv_cache)
+    ("qwen2", None, "f32", "f32"),
+    ("qwen3", None, "f32", "f16"),
+    ("qwen2", "q8_0", "int16", "auto"),
+    ("qwen3", "q8_0", "int16", "f32"),
+    ("qwen2", "q8_0", "int8", "f16"),
+    ("qwen3", "q8_0", "f32", "auto"),
+]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    # rows a multiple of Q8_0's 32-value block; 3 layers; 6 query heads over 2 kv heads of 32
+    shape = dict(hidden_size=192, intermediate_size=352, num_hidden_layers=3, num_attention_heads=6,
+                 num_key_value_heads=2)
+    return {arch: make_model(tmp_path_factory.mktemp(arch), arch=arch, seed=11,
+                             **shape, **({"head_dim": 32} if arch == "qwen3" else {}))[0]
+            for arch in ("qwen2", "qwen3")}
+
+
+def run_steps(model, fused):
+    """Prefill (every position's logits), decode steps, then one step over three sequences of a
+    shared cache (two decoding, one prefilling): every logit row, in order."""
+    model.transformer.fused = fused
+    rng = np.random.default_rng(5)
+    out = []
+    seq = model.new_sequence(96)
+    out.append(model.forward(seq, rng.integers(0, 384, 37).tolist(), all_positions=True))
+    for _ in range(4):
+        out.append(model.forward(seq, [int(np.argmax(out[-1][-1] if out[-1].ndim > 1 else out[-1]))])[None])
+    cache = KVCache(model.config, 24, dtype=model.transformer.kv_dtype)
+    seqs = [Sequence(cache, [3, 1, 7], 48), Sequence(cache, [0, 5, 9], 48), Sequence(cache, [2, 11, 4], 48)]
+    model.step([StepItem(seqs[0], rng.integers(0, 384, 20).tolist(), "none"),
+                StepItem(seqs[1], rng.integers(0, 384, 3).tolist(), "none")])
+    out.append(model.step([StepItem(seqs[0], [17], "last"), StepItem(seqs[1], [250], "last"),
+                           StepItem(seqs[2], rng.integers(0, 384, 18).tolist(), "all")]))
+    return out
+
+
+@pytest.mark.parametrize("arch,dtype,act,kv", CASES, ids=["-".join(map(str, c)) for c in CASES])
+def test_fused_layers_equal_per_layer_path(model_dirs, arch, dtype, act, kv):
+    model = qwenc.load(str(model_dirs[arch]), dtype=dtype, activations=act, kv_cache=kv, context=128, threads=2)
+    fused, stepwise = run_steps(model, True), run_steps(model, False)
+    assert len(fused) == len(stepwise)
+    for a, b in zip(fused, stepwise):
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
+def test_falsifier_sees_one_ulp_in_a_norm_weight(model_dirs):
+    # the exact mode: an integer mode's rounding of activations to codes could absorb one ulp
+    model = qwenc.load(str(model_dirs["qwen3"]), activations="f32", context=128, threads=2)
+    ids = list(range(5, 40))
+    model.transformer.fused = True
+    a = model.logits(ids, all_positions=True)
+    w = model.weights.layers[1].mlp_norm
+    kept = w[7]
+    try:
+        w[7] = np.nextafter(kept, np.float32(2))
+        model.transformer.fused = False
+        b = model.logits(ids, all_positions=True)
+    finally:
+        w[7] = kept
+    assert not np.array_equal(a, b)
+
+
+def test_stack_follows_workspace_and_lives_with_its_cache(model_dirs):
+    """A step longer than any before grows the workspace: the layers are bound to the new
+    buffers (the result still equals the per-layer path's); the binding is held by the cache."""
+    model = qwenc.load(str(model_dirs["qwen2"]), dtype="q8_0", activations="int16", context=256, threads=2)
+    seq = model.new_sequence(256)
+    model.forward(seq, [1, 2, 3])
+    first = seq.cache.layer_stack
+    long_ids = list(range(40, 240))
+    got = model.forward(seq, long_ids)
+    assert seq.cache.layer_stack is not first and seq.cache.layer_stack[1] is model.transformer._ws
+    model.transformer.fused = False
+    seq2 = model.new_sequence(256)
+    model.forward(seq2, [1, 2, 3])
+    np.testing.assert_array_equal(got, model.forward(seq2, long_ids))
+    assert seq2.cache.layer_stack is None
