@@ -369,6 +369,21 @@ def kv_write(const float[:, :, ::1] k, const float[:, :, ::1] v, const int64_t[:
         qw_kv_write(&k[0, 0, 0], &v[0, 0, 0], T, Hkv, hd, &slots[0], bs, kv_type, kp, vp)
 
 
+cdef _check_rows(const int32_t[::1] row_seq, const int64_t[::1] row_pos, const int32_t[:, ::1] block_tables,
+                 int64_t bs, int64_t nb):
+    """Every row's sequence is a row of block_tables, and every block up to its position's is a
+    block of the pool (0 .. nb - 1), so attention reads nothing outside the pools."""
+    cdef int64_t t, b, S = block_tables.shape[0], mb = block_tables.shape[1]
+    for t in range(row_seq.shape[0]):
+        if row_seq[t] < 0 or row_seq[t] >= S:
+            raise ValueError(f"row {t}: sequence {row_seq[t]} outside the {S} block tables")
+        if row_pos[t] < 0 or row_pos[t] // bs >= mb:
+            raise ValueError(f"row {t}: position {row_pos[t]} beyond its block table of {mb} blocks")
+        for b in range(row_pos[t] // bs + 1):
+            if block_tables[row_seq[t], b] < 0 or block_tables[row_seq[t], b] >= nb:
+                raise ValueError(f"row {t}: block id {block_tables[row_seq[t], b]} outside the pool of {nb}")
+
+
 def paged_attention(const float[:, :, ::1] q, Kc, Vc,
                     const int32_t[:, ::1] block_tables, const int32_t[::1] row_seq, const int64_t[::1] row_pos,
                     float scale, float[:, :, ::1] out):
@@ -381,7 +396,7 @@ def paged_attention(const float[:, :, ::1] q, Kc, Vc,
     cdef void *vp
     cdef int kv_type = _pools(Kc, Vc, &kp, &vp, shape)
     cdef int64_t nb = shape[0], Hkv = shape[1], bs = shape[2]
-    cdef int64_t S = block_tables.shape[0], mb = block_tables.shape[1], t, b, nblk
+    cdef int64_t mb = block_tables.shape[1]
     cdef int rc
     if shape[3] != hd:
         raise ValueError("attention pool shape mismatch")
@@ -393,15 +408,7 @@ def paged_attention(const float[:, :, ::1] q, Kc, Vc,
         raise ValueError("attention row arrays differ in length from q")
     if out.shape[0] != T or out.shape[1] != H or out.shape[2] != hd:
         raise ValueError("attention output shape mismatch")
-    for t in range(T):
-        if row_seq[t] < 0 or row_seq[t] >= S:
-            raise ValueError(f"row {t}: sequence {row_seq[t]} outside the {S} block tables")
-        if row_pos[t] < 0 or row_pos[t] // bs >= mb:
-            raise ValueError(f"row {t}: position {row_pos[t]} beyond its block table of {mb} blocks")
-        nblk = row_pos[t] // bs + 1
-        for b in range(nblk):
-            if block_tables[row_seq[t], b] < 0 or block_tables[row_seq[t], b] >= nb:
-                raise ValueError(f"row {t}: block id {block_tables[row_seq[t], b]} outside the pool of {nb}")
+    _check_rows(row_seq, row_pos, block_tables, bs, nb)
     if T == 0:
         return
     with nogil:
@@ -523,7 +530,7 @@ def forward_layers(LayerStack st, int64_t T, const int64_t[::1] pos, const int64
     """Runs every layer of st over the first T rows of its x buffer (in place): row t at
     position pos[t] of sequence row_seq[t] (a row of block_tables), its key and value stored at
     slots[t], as forward.py's per-layer path computes it, bit for bit."""
-    cdef int64_t t, b, nblk, S = block_tables.shape[0], mb = block_tables.shape[1], bs = st.s.bs, nb = st.n_blocks
+    cdef int64_t t, mb = block_tables.shape[1], bs = st.s.bs, nb = st.n_blocks
     cdef int rc
     if T < 1 or T > st.capacity:
         raise ValueError(f"{T} rows for buffers of {st.capacity}")
@@ -532,14 +539,7 @@ def forward_layers(LayerStack st, int64_t T, const int64_t[::1] pos, const int64
     for t in range(T):
         if slots[t] < 0 or slots[t] >= nb * bs:
             raise ValueError(f"slot {slots[t]} outside the pool of {nb} blocks of {bs}")
-        if row_seq[t] < 0 or row_seq[t] >= S:
-            raise ValueError(f"row {t}: sequence {row_seq[t]} outside the {S} block tables")
-        if pos[t] < 0 or pos[t] // bs >= mb:
-            raise ValueError(f"row {t}: position {pos[t]} beyond its block table of {mb} blocks")
-        nblk = pos[t] // bs + 1
-        for b in range(nblk):
-            if block_tables[row_seq[t], b] < 0 or block_tables[row_seq[t], b] >= nb:
-                raise ValueError(f"row {t}: block id {block_tables[row_seq[t], b]} outside the pool of {nb}")
+    _check_rows(row_seq, pos, block_tables, bs, nb)
     with nogil:
         rc = qw_forward_layers(&st.s, st.layers, st.n, T, &pos[0], &slots[0], &block_tables[0, 0], mb, &row_seq[0])
     if rc != 0:
