@@ -90,3 +90,16 @@ def test_stack_follows_workspace_and_lives_with_its_cache(model_dirs):
     model.forward(seq2, [1, 2, 3])
     np.testing.assert_array_equal(got, model.forward(seq2, long_ids))
     assert seq2.cache.layer_stack is None
+
+
+@pytest.mark.parametrize("table", [[0, 9], [0, -1], [4]], ids=["past-pool", "negative", "first-past-pool"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "per-layer"])
+def test_block_ids_outside_the_pool_are_refused(model_dirs, table, fused):
+    """A sequence whose block table names a block the cache does not have gets a ValueError from
+    either path before any kernel runs, never a read or write outside the pools."""
+    model = qwenc.load(str(model_dirs["qwen2"]), dtype="q8_0", activations="int16", context=64, threads=2)
+    model.transformer.fused = fused
+    cache = KVCache(model.config, 4, dtype=model.transformer.kv_dtype)
+    seq = Sequence(cache, table, 16 * len(table))
+    with pytest.raises(ValueError, match="outside the pool"):
+        model.step([StepItem(seq, list(range(1, 16 * len(table) + 1)))])
