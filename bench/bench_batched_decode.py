@@ -3,8 +3,8 @@
     python bench/bench_batched_decode.py [--model GGUF] [--activations f32,int16,int8]
                                          [--batch 1,4,8,16] [--threads 2] [--steps 16] [--repeats 3]
 
-For each activation mode, B sequences (each with its own KV cache and its own seeded random
-prompt of --prompt tokens, prefilled untimed) are decoded together: each step is one
+For each activation mode, B sequences (blocks of one shared KV cache, as the engine's, each with
+its own seeded random prompt of --prompt tokens, prefilled untimed) are decoded together: each step is one
 Transformer.forward_step with B single-token StepItems, exactly what a batching engine does for
 B running streams. Rate = B * steps / seconds (the argmax of each row's logits feeding its next
 token, untimed work excluded). Batch sizes are interleaved within each repeat (order reversed on
@@ -28,9 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 def decode(model, prompts, steps):
     """(seconds for `steps` batched greedy steps over len(prompts) sequences, tokens per sequence)."""
-    from qwenc.model import StepItem
+    from qwenc.model.forward import BLOCK_SIZE, KVCache, Sequence, StepItem
     tr = model.transformer
-    seqs = [model.new_sequence(len(p) + steps + 1) for p in prompts]
+    # one cache shared by the sequences, each holding its own blocks, as the engine's are (a
+    # step over one cache runs its layers in one C call)
+    per = [-(-(len(p) + steps + 1) // BLOCK_SIZE) for p in prompts]
+    cache = KVCache(model.config, sum(per), dtype=tr.kv_dtype)
+    starts = np.cumsum([0] + per[:-1])
+    seqs = [Sequence(cache, np.arange(a, a + n), len(p) + steps + 1) for a, n, p in zip(starts, per, prompts)]
     logits = tr.forward_step([StepItem(s, list(p)) for s, p in zip(seqs, prompts)])  # batched prefill
     tokens = [int(np.argmax(row)) for row in logits]
     out = [[] for _ in prompts]
