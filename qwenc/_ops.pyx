@@ -212,28 +212,34 @@ def matmul(const uint8_t[::1] W, int dtype, int64_t N, int64_t K, const float[:,
         raise MemoryError("matmul: out of memory for its scratch buffers")
 
 
+cdef _fill_product(qw_product *p, object prod, int64_t K, int64_t M):
+    """p from a (W, dtype, N, Y, bias) product of an [M, K] X, its shapes checked (Y NULL when
+    M is 0)."""
+    cdef const uint8_t[::1] w
+    cdef float[:, ::1] y
+    cdef const float[::1] b
+    W, dtype, N, Y, bias = prod
+    w, y, b = W, Y, bias
+    _check_product(w, dtype, N, K, M, y, b)
+    p.W = &w[0]
+    p.dtype = dtype
+    p.N = N
+    p.Y = &y[0, 0] if M > 0 else NULL
+    p.bias = &b[0] if b is not None else NULL
+
+
 def matmul_group(products, const float[:, ::1] X, int act=0):
     """For each (W, dtype, N, Y, bias) in products: Y[M, N] = X @ W.T (+ bias), every W with
     X's row length, as one parallel pass over all the matrices' rows (a layer's q, k, v; gate,
     up), each output exactly as matmul computes it."""
     cdef int64_t M = X.shape[0], K = X.shape[1]
     cdef qw_product p[4]  # QW_GROUP_MAX
-    cdef const uint8_t[::1] w
-    cdef float[:, ::1] y
-    cdef const float[::1] b
     cdef int i, rc, count = len(products)
     _check_act(act)
     if count < 1 or count > min(QW_GROUP_MAX, 4):
         raise ValueError(f"a group holds 1 to {QW_GROUP_MAX} products, got {count}")
     for i in range(count):
-        W, dtype, N, Y, bias = products[i]
-        w, y, b = W, Y, bias
-        _check_product(w, dtype, N, K, M, y, b)
-        p[i].W = &w[0]
-        p[i].dtype = dtype
-        p[i].N = N
-        p[i].Y = &y[0, 0] if M > 0 else NULL
-        p[i].bias = &b[0] if b is not None else NULL
+        _fill_product(&p[i], products[i], K, M)
     if M == 0:
         return
     with nogil:
@@ -346,11 +352,19 @@ cdef int _pools(object Kc, object Vc, void **kp, void **vp, int64_t *shape) exce
     return ktype
 
 
+cdef _check_slots(const int64_t[::1] slots, int64_t nb, int64_t bs):
+    """Every new key's slot lies in the pool of nb blocks of bs positions."""
+    cdef int64_t t
+    for t in range(slots.shape[0]):
+        if slots[t] < 0 or slots[t] >= nb * bs:
+            raise ValueError(f"slot {slots[t]} outside the pool of {nb} blocks of {bs}")
+
+
 def kv_write(const float[:, :, ::1] k, const float[:, :, ::1] v, const int64_t[::1] slots, Kc, Vc):
     """Store k, v [T, Hkv, hd] of T new tokens into slots (block * bs + offset) of the pools
     Kc [n_blocks, Hkv, hd, bs] and Vc [n_blocks, Hkv, bs, hd] (float32, or float16: rounded to
     nearest even)."""
-    cdef int64_t T = k.shape[0], Hkv = k.shape[1], hd = k.shape[2], t
+    cdef int64_t T = k.shape[0], Hkv = k.shape[1], hd = k.shape[2]
     cdef int64_t shape[4]
     cdef void *kp
     cdef void *vp
@@ -360,9 +374,7 @@ def kv_write(const float[:, :, ::1] k, const float[:, :, ::1] v, const int64_t[:
         raise ValueError("kv_write shape mismatch")
     if shape[1] != Hkv or shape[3] != hd:
         raise ValueError("kv_write pool shape mismatch")
-    for t in range(T):
-        if slots[t] < 0 or slots[t] >= nb * bs:
-            raise ValueError(f"slot {slots[t]} outside the pool of {nb} blocks of {bs}")
+    _check_slots(slots, nb, bs)
     if T == 0:
         return
     with nogil:
@@ -438,20 +450,10 @@ cdef const float *_vec(object a, int64_t n, str name) except? NULL:
 
 
 cdef _product(qw_product *p, object prod, int64_t K, int64_t M, float *Y):
-    """Fills p from a (W, dtype, N, Y, bias) product whose Y is the buffer at Y."""
-    cdef const uint8_t[::1] w
-    cdef float[:, ::1] y
-    cdef const float[::1] b
-    W, dtype, N, Yarr, bias = prod
-    w, y, b = W, Yarr, bias
-    _check_product(w, dtype, N, K, M, y, b)
-    if &y[0, 0] != Y:
+    """p from a product (as matmul_group takes it) that must write into the step's buffer Y."""
+    _fill_product(p, prod, K, M)
+    if p.Y != Y:
         raise ValueError("a product does not write into the step's buffer for it")
-    p.W = &w[0]
-    p.dtype = dtype
-    p.N = N
-    p.Y = Y
-    p.bias = &b[0] if b is not None else NULL
 
 
 cdef class LayerStack:
@@ -530,15 +532,13 @@ def forward_layers(LayerStack st, int64_t T, const int64_t[::1] pos, const int64
     """Runs every layer of st over the first T rows of its x buffer (in place): row t at
     position pos[t] of sequence row_seq[t] (a row of block_tables), its key and value stored at
     slots[t], as forward.py's per-layer path computes it, bit for bit."""
-    cdef int64_t t, mb = block_tables.shape[1], bs = st.s.bs, nb = st.n_blocks
+    cdef int64_t mb = block_tables.shape[1], bs = st.s.bs, nb = st.n_blocks
     cdef int rc
     if T < 1 or T > st.capacity:
         raise ValueError(f"{T} rows for buffers of {st.capacity}")
     if pos.shape[0] != T or slots.shape[0] != T or row_seq.shape[0] != T:
         raise ValueError("row arrays differ in length from T")
-    for t in range(T):
-        if slots[t] < 0 or slots[t] >= nb * bs:
-            raise ValueError(f"slot {slots[t]} outside the pool of {nb} blocks of {bs}")
+    _check_slots(slots, nb, bs)
     _check_rows(row_seq, pos, block_tables, bs, nb)
     with nogil:
         rc = qw_forward_layers(&st.s, st.layers, st.n, T, &pos[0], &slots[0], &block_tables[0, 0], mb, &row_seq[0])

@@ -38,7 +38,7 @@ def run_steps(model, fused):
     seq = model.new_sequence(96)
     out.append(model.forward(seq, rng.integers(0, 384, 37).tolist(), all_positions=True))
     for _ in range(4):
-        out.append(model.forward(seq, [int(np.argmax(out[-1][-1] if out[-1].ndim > 1 else out[-1]))])[None])
+        out.append(model.forward(seq, [int(np.argmax(out[-1][-1]))])[None])
     cache = KVCache(model.config, 24, dtype=model.transformer.kv_dtype)
     seqs = [Sequence(cache, [3, 1, 7], 48), Sequence(cache, [0, 5, 9], 48), Sequence(cache, [2, 11, 4], 48)]
     model.step([StepItem(seqs[0], rng.integers(0, 384, 20).tolist(), "none"),
