@@ -88,6 +88,38 @@ def test_repacked_products_against_the_exact_dot(name, bits, simd):
         assert_int_dot_close(y[m], w, row_values(xq[m], K, bits), weight_mins(data, name, N, K))
 
 
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+@pytest.mark.parametrize("bits", [8, 16])
+def test_long_prompts_go_through_the_act_rows_in_rounds(name, bits, simd):
+    """A prompt's act rows beyond about 1 MiB are multiplied round by round (all weight rows over
+    one round's act rows, then the next round): 420 rows of K = 2048 make two 8-bit rounds and
+    three 16-bit ones, the last shorter. Every row equals, bit for bit, that row multiplied
+    alone, on stored and repacked weights, in a group of two products sharing the act rows;
+    rows of each round against the exact dot of the reference weights."""
+    N, K, M = 21, 2048, 420
+    data = [synthetic(name, N, K, seed=s).reshape(-1) for s in (1, 2)]
+    packed = [_ops.repack(d, CODE[name], N, K) for d in data]
+    bias = np.random.default_rng(3).standard_normal(N).astype(np.float32)
+    x = np.ascontiguousarray(act_inputs(K, np.random.default_rng(4))[np.arange(M) % 4]
+                             * np.float32(1 + (np.arange(M)[:, None] % 29)))
+    for stored in (True, False):
+        mats = [(d, CODE[name]) if stored else p for d, p in zip(data, packed)]
+        outs = [np.full((M, N), np.nan, np.float32) for _ in mats]
+        _ops.matmul_group([(w, dt, N, o, b) for (w, dt), o, b in zip(mats, outs, (bias, None))], x, bits)
+        for (w, dt), o, b in zip(mats, outs, (bias, None)):
+            for m in (0, 15, 16, 143, 144, 200, 224, 287, 288, 401, M - 1):
+                alone = np.full((1, N), np.nan, np.float32)
+                _ops.matmul(w, dt, N, K, x[m:m + 1], alone, b, bits)
+                assert bits_equal(o[m:m + 1], alone), (name, bits, stored, m)
+            part = np.full((7, N), np.nan, np.float32)
+            _ops.matmul(w, dt, N, K, x[M - 7:], part, b, bits)
+            assert bits_equal(o[M - 7:], part)
+    w = ref_dequantize(data[1].reshape(N, -1), GT[name]).reshape(N, K)
+    xq = _quant.quantize_activations(x, CODE[name], bits=bits)
+    for m in (0, 200, M - 1):
+        assert_int_dot_close(outs[1][m], w, row_values(xq[m], K, bits), weight_mins(data[1].reshape(N, -1), name, N, K))
+
+
 def test_repack_argument_checks():
     w = np.zeros(4 * 64 * 4, np.uint8)
     with pytest.raises(ValueError, match="no repacked layout"):
