@@ -371,8 +371,8 @@ def attention_times(model, contexts, repeats=20):
         # the pools as the model keeps them: keys transposed within a block, in its KV dtype
         kv = _ops.KV_DTYPES[model.transformer.kv_dtype]
         rng = np.random.default_rng(1)
-        Kc = rng.standard_normal((blocks, cfg.num_kv_heads, cfg.head_dim, bs)).astype(kv)
-        Vc = rng.standard_normal((blocks, cfg.num_kv_heads, bs, cfg.head_dim)).astype(kv)
+        Kc = rng.standard_normal((cfg.num_kv_heads, blocks, cfg.head_dim, bs)).astype(kv)
+        Vc = rng.standard_normal((cfg.num_kv_heads, blocks, bs, cfg.head_dim)).astype(kv)
         table = np.arange(blocks, dtype=np.int32)[None]
         row_seq, row_pos = np.zeros(1, np.int32), np.array([n], np.int64)
         ts = []

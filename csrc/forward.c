@@ -22,8 +22,8 @@ int qw_forward_layers(const qw_stack *s, const qw_layer *layers, int n, int64_t 
         }
         qw_rope(s->q, T, H, hd, pos, s->inv_freq);
         qw_rope(s->k, T, Hkv, hd, pos, s->inv_freq);
-        qw_kv_write(s->k, s->v, T, Hkv, hd, slots, s->bs, s->kv_type, L->Kc, L->Vc);
-        if (qw_paged_attention(s->q, T, H, Hkv, hd, s->kv_type, L->Kc, L->Vc, s->bs, block_tables, max_blocks,
+        qw_kv_write(s->k, s->v, T, Hkv, hd, slots, s->n_blocks, s->bs, s->kv_type, L->Kc, L->Vc);
+        if (qw_paged_attention(s->q, T, H, Hkv, hd, s->kv_type, L->Kc, L->Vc, s->n_blocks, s->bs, block_tables, max_blocks,
                                row_seq, pos, s->scale, s->attn))
             return QW_ENOMEM;
         if (qw_matmul_group(&L->o, 1, H * hd, s->attn, T, s->act)) return QW_ENOMEM;

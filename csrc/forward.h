@@ -18,7 +18,7 @@ typedef struct {
     qw_product o;                      /* Y: the step's o buffer */
     qw_product gate_up[2];             /* Y: the step's gate, up buffers */
     qw_product down;                   /* Y: the step's o buffer */
-    void *Kc, *Vc;                     /* [n_blocks, kv_heads, head_dim, bs], [n_blocks, kv_heads, bs, head_dim] */
+    void *Kc, *Vc;                     /* [kv_heads, n_blocks, head_dim, bs], [kv_heads, n_blocks, bs, head_dim] */
 } qw_layer;
 
 /* The shapes and the step's buffers, rows of the widths below (row t of each is token t). */
@@ -28,7 +28,7 @@ typedef struct {
     const float *inv_freq; /* [head_dim / 2] */
     int act;               /* QW_ACT_* */
     int kv_type;           /* QW_KV_* of the pools */
-    int64_t bs;            /* positions per KV block */
+    int64_t n_blocks, bs;  /* KV blocks per pool, positions per block */
     float *x, *h;          /* [T, hidden]: residual stream, normalised input of a sub-block */
     float *q, *k, *v;      /* [T, heads * head_dim], [T, kv_heads * head_dim] x 2 */
     float *attn, *o;       /* [T, heads * head_dim], [T, hidden] */

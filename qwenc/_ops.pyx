@@ -52,9 +52,10 @@ cdef extern from "attention.h":
         QW_KV_F32
         QW_KV_F16
     void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, int64_t hd,
-                     const int64_t *slots, int64_t bs, int kv_type, void *Kc, void *Vc) nogil
+                     const int64_t *slots, int64_t n_blocks, int64_t bs, int kv_type, void *Kc, void *Vc) nogil
     int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
-                           int kv_type, const void *Kc, const void *Vc, int64_t bs, const int32_t *block_tables,
+                           int kv_type, const void *Kc, const void *Vc, int64_t n_blocks, int64_t bs,
+                           const int32_t *block_tables,
                            int64_t max_blocks, const int32_t *row_seq, const int64_t *row_pos, float scale,
                            float *out) nogil
 
@@ -75,7 +76,7 @@ cdef extern from "forward.h":
         float eps, scale
         const float *inv_freq
         int act, kv_type
-        int64_t bs
+        int64_t n_blocks, bs
         float *x
         float *h
         float *q
@@ -338,17 +339,19 @@ cdef void *_pool(object a, int64_t *shape, int *kv_type) except NULL:
 
 
 cdef int _pools(object Kc, object Vc, void **kp, void **vp, int64_t *shape) except -1:
-    """Both pools of a layer, of one type: keys [n_blocks, Hkv, hd, bs] (each block's keys
-    stored transposed, a key down a column) and values [n_blocks, Hkv, bs, hd]. Fills the
+    """Both pools of a layer, of one type: keys [Hkv, n_blocks, hd, bs] (each block's keys
+    stored transposed, a key down a column) and values [Hkv, n_blocks, bs, hd]. Fills the
     pointers and (n_blocks, Hkv, bs, hd); returns the QW_KV_* type."""
     cdef int64_t kshape[4]
+    cdef int64_t vshape[4]
     cdef int ktype, vtype
     kp[0] = _pool(Kc, kshape, &ktype)
-    vp[0] = _pool(Vc, shape, &vtype)
-    if (vtype != ktype or kshape[0] != shape[0] or kshape[1] != shape[1] or kshape[2] != shape[3]
-            or kshape[3] != shape[2]):
-        raise ValueError("K and V pools differ in dtype or shape (keys [n_blocks, Hkv, hd, bs], "
-                         "values [n_blocks, Hkv, bs, hd])")
+    vp[0] = _pool(Vc, vshape, &vtype)
+    if (vtype != ktype or kshape[0] != vshape[0] or kshape[1] != vshape[1] or kshape[2] != vshape[3]
+            or kshape[3] != vshape[2]):
+        raise ValueError("K and V pools differ in dtype or shape (keys [Hkv, n_blocks, hd, bs], "
+                         "values [Hkv, n_blocks, bs, hd])")
+    shape[0], shape[1], shape[2], shape[3] = vshape[1], vshape[0], vshape[2], vshape[3]
     return ktype
 
 
@@ -362,7 +365,7 @@ cdef _check_slots(const int64_t[::1] slots, int64_t nb, int64_t bs):
 
 def kv_write(const float[:, :, ::1] k, const float[:, :, ::1] v, const int64_t[::1] slots, Kc, Vc):
     """Store k, v [T, Hkv, hd] of T new tokens into slots (block * bs + offset) of the pools
-    Kc [n_blocks, Hkv, hd, bs] and Vc [n_blocks, Hkv, bs, hd] (float32, or float16: rounded to
+    Kc [Hkv, n_blocks, hd, bs] and Vc [Hkv, n_blocks, bs, hd] (float32, or float16: rounded to
     nearest even)."""
     cdef int64_t T = k.shape[0], Hkv = k.shape[1], hd = k.shape[2]
     cdef int64_t shape[4]
@@ -378,7 +381,7 @@ def kv_write(const float[:, :, ::1] k, const float[:, :, ::1] v, const int64_t[:
     if T == 0:
         return
     with nogil:
-        qw_kv_write(&k[0, 0, 0], &v[0, 0, 0], T, Hkv, hd, &slots[0], bs, kv_type, kp, vp)
+        qw_kv_write(&k[0, 0, 0], &v[0, 0, 0], T, Hkv, hd, &slots[0], nb, bs, kv_type, kp, vp)
 
 
 cdef _check_rows(const int32_t[::1] row_seq, const int64_t[::1] row_pos, const int32_t[:, ::1] block_tables,
@@ -399,8 +402,8 @@ cdef _check_rows(const int32_t[::1] row_seq, const int64_t[::1] row_pos, const i
 def paged_attention(const float[:, :, ::1] q, Kc, Vc,
                     const int32_t[:, ::1] block_tables, const int32_t[::1] row_seq, const int64_t[::1] row_pos,
                     float scale, float[:, :, ::1] out):
-    """Causal GQA attention of q [T, H, hd] over the paged pools Kc [n_blocks, Hkv, hd, bs] and
-    Vc [n_blocks, Hkv, bs, hd] (float32 or float16): row t attends to positions 0..row_pos[t]
+    """Causal GQA attention of q [T, H, hd] over the paged pools Kc [Hkv, n_blocks, hd, bs] and
+    Vc [Hkv, n_blocks, bs, hd] (float32 or float16): row t attends to positions 0..row_pos[t]
     of sequence row_seq[t], whose blocks are listed in block_tables[row_seq[t]]."""
     cdef int64_t T = q.shape[0], H = q.shape[1], hd = q.shape[2]
     cdef int64_t shape[4]
@@ -424,7 +427,7 @@ def paged_attention(const float[:, :, ::1] q, Kc, Vc,
     if T == 0:
         return
     with nogil:
-        rc = qw_paged_attention(&q[0, 0, 0], T, H, Hkv, hd, kv_type, kp, vp, bs,
+        rc = qw_paged_attention(&q[0, 0, 0], T, H, Hkv, hd, kv_type, kp, vp, nb, bs,
                                 &block_tables[0, 0], mb, &row_seq[0], &row_pos[0], scale, &out[0, 0, 0])
     if rc != 0:
         raise MemoryError("attention: out of memory for its scratch buffers")
@@ -518,6 +521,7 @@ cdef class LayerStack:
             if kv_type >= 0 and (t != kv_type or shape[0] != self.n_blocks or shape[2] != self.s.bs):
                 raise ValueError("the layers' KV pools differ in type or shape")
             kv_type, self.n_blocks, self.s.bs = t, shape[0], shape[2]
+            self.s.n_blocks = shape[0]
             L.Kc, L.Vc = kp, vp
         self.s.kv_type = kv_type
         self.capacity = C

@@ -165,14 +165,14 @@ def attention_reference(q, K, V, start, scale):
 
 def paged(seqs, bs, spare=3, dtype=np.float32):
     """Pools holding each (K, V) [Hkv, cap, hd] of `seqs` in blocks scattered in a random order
-    (plus unused blocks): keys [n_blocks, Hkv, hd, bs] (transposed within a block), values
-    [n_blocks, Hkv, bs, hd]; and the block tables [len(seqs), width]. Every slot no sequence
+    (plus unused blocks): keys [Hkv, n_blocks, hd, bs] (transposed within a block), values
+    [Hkv, n_blocks, bs, hd]; and the block tables [len(seqs), width]. Every slot no sequence
     holds is NaN, so a kernel that reads one (a key past the last in its block) shows it."""
     Hkv, _, hd = seqs[0][0].shape
     need = [-(-K.shape[1] // bs) for K, _ in seqs]
     order = rng.permutation(sum(need) + spare).astype(np.int32)
-    Kc = np.full((len(order), Hkv, hd, bs), np.nan, dtype)
-    Vc = np.full((len(order), Hkv, bs, hd), np.nan, dtype)
+    Kc = np.full((Hkv, len(order), hd, bs), np.nan, dtype)
+    Vc = np.full((Hkv, len(order), bs, hd), np.nan, dtype)
     tables = np.full((len(seqs), max(need)), -1, np.int32)
     at = 0
     for s, (K, V) in enumerate(seqs):
@@ -182,8 +182,8 @@ def paged(seqs, bs, spare=3, dtype=np.float32):
             tables[s, b] = blk
             part = slice(b * bs, min((b + 1) * bs, K.shape[1]))
             n = part.stop - part.start
-            Kc[blk, :, :, :n] = K[:, part].transpose(0, 2, 1)
-            Vc[blk, :, :n] = V[:, part]
+            Kc[:, blk, :, :n] = K[:, part].transpose(0, 2, 1)
+            Vc[:, blk, :n] = V[:, part]
     tables[tables < 0] = 0
     return Kc, Vc, tables
 
@@ -253,15 +253,15 @@ def test_attention_many_sequences_one_call(path):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_kv_write_places_rows_in_their_slots(path, dtype):
     Hkv, hd, bs = 2, 12, 4  # hd not a multiple of 8: the vector converters' scalar tail
-    Kc = np.zeros((5, Hkv, hd, bs), dtype)
-    Vc = np.zeros((5, Hkv, bs, hd), dtype)
+    Kc = np.zeros((Hkv, 5, hd, bs), dtype)
+    Vc = np.zeros((Hkv, 5, bs, hd), dtype)
     k = rng.standard_normal((3, Hkv, hd)).astype(np.float32)
     v = rng.standard_normal((3, Hkv, hd)).astype(np.float32)
     slots = np.array([2 * bs + 1, 4 * bs + 3, 0], np.int64)
     _ops.kv_write(k, v, slots, Kc, Vc)
     for t, sl in enumerate(slots):
-        np.testing.assert_array_equal(Kc[sl // bs, :, :, sl % bs], k[t].astype(dtype))
-        np.testing.assert_array_equal(Vc[sl // bs, :, sl % bs], v[t].astype(dtype))
+        np.testing.assert_array_equal(Kc[:, sl // bs, :, sl % bs], k[t].astype(dtype))
+        np.testing.assert_array_equal(Vc[:, sl // bs, sl % bs], v[t].astype(dtype))
     assert np.count_nonzero(Kc) == k.size
     with pytest.raises(ValueError):
         _ops.kv_write(k, v, np.array([0, 1, 5 * bs], np.int64), Kc, Vc)
@@ -298,14 +298,14 @@ def test_f16_storage_rounds_as_numpy_does(path):
     vals[:len(x)] = x
     k = vals.reshape(T, 1, hd)
     nb = -(-T // bs)
-    Kc = np.zeros((nb, 1, hd, bs), np.float16)
-    Vc = np.zeros((nb, 1, bs, hd), np.float16)
+    Kc = np.zeros((1, nb, hd, bs), np.float16)
+    Vc = np.zeros((1, nb, bs, hd), np.float16)
     _ops.kv_write(k, k, np.arange(T, dtype=np.int64), Kc, Vc)
     got = Vc.reshape(-1, hd)[:T].reshape(-1)[:len(x)]
     with np.errstate(over="ignore"):
         want = x.astype(np.float16)
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
-    gotk = Kc.transpose(0, 3, 1, 2).reshape(-1, hd)[:T].reshape(-1)[:len(x)]
+    gotk = Kc.transpose(1, 3, 0, 2).reshape(-1, hd)[:T].reshape(-1)[:len(x)]
     np.testing.assert_array_equal(gotk.view(np.uint16), want.view(np.uint16))
     nan = np.full((1, 1, hd), np.nan, np.float32)
     _ops.kv_write(nan, nan, np.array([0], np.int64), Kc, Vc)
@@ -340,8 +340,8 @@ def test_attention_large_scores_do_not_overflow(path):
 
 def test_attention_rejects_positions_beyond_the_table():
     q = np.zeros((2, 2, 8), np.float32)
-    Kc = np.zeros((2, 1, 8, 4), np.float32)
-    Vc = np.zeros((2, 1, 4, 8), np.float32)
+    Kc = np.zeros((1, 2, 8, 4), np.float32)
+    Vc = np.zeros((1, 2, 4, 8), np.float32)
     tables = np.array([[0, 1]], np.int32)
     _ops.paged_attention(q, Kc, Vc, tables, np.zeros(2, np.int32), np.array([6, 7], np.int64), 1.0,
                          np.empty_like(q))  # within bounds: accepted

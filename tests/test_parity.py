@@ -164,12 +164,12 @@ def numpy_attention(kv_head_of, subtract_max=True):
     """paged_attention in numpy: gathers each row's keys and values through its block table."""
     def paged_attention(q, Kc, Vc, tables, row_seq, row_pos, scale, out):
         T, H, hd = q.shape
-        Hkv, bs = Vc.shape[1], Vc.shape[2]
+        Hkv, bs = Vc.shape[0], Vc.shape[2]
         for t in range(T):
             n = int(row_pos[t]) + 1
             blocks = tables[row_seq[t], :-(-n // bs)]
-            K = Kc[blocks].transpose(1, 0, 3, 2).reshape(Hkv, -1, hd)[:, :n].astype(np.float32)
-            V = Vc[blocks].transpose(1, 0, 2, 3).reshape(Hkv, -1, hd)[:, :n].astype(np.float32)
+            K = Kc[:, blocks].transpose(0, 1, 3, 2).reshape(Hkv, -1, hd)[:, :n].astype(np.float32)
+            V = Vc[:, blocks].reshape(Hkv, -1, hd)[:, :n].astype(np.float32)
             for h in range(H):
                 kvh = kv_head_of(h, H, Hkv)
                 s = (K[kvh] @ q[t, h]) * np.float32(scale)

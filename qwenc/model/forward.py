@@ -38,9 +38,10 @@ PREFILL_CHUNK = 512   # prompt tokens per step in Transformer.forward: bounds ac
 
 class KVCache:
     """Keys and values in blocks of BLOCK_SIZE positions: per layer, a K pool
-    [num_blocks, kv_heads, head_dim, BLOCK_SIZE] and a V pool [num_blocks, kv_heads, BLOCK_SIZE,
-    head_dim] (a block's vectors of one kv head are contiguous, so attention streams them), of
-    float32 or float16 ("f32", "f16": KV_DTYPES)."""
+    [kv_heads, num_blocks, head_dim, BLOCK_SIZE] and a V pool [kv_heads, num_blocks, BLOCK_SIZE,
+    head_dim] (a block's vectors of one kv head are contiguous, and so are a kv head's blocks
+    handed out in order: attention streams each head's run), of float32 or float16 ("f32",
+    "f16": KV_DTYPES)."""
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int = BLOCK_SIZE, prefault: bool = False,
                  dtype: str = "f32"):
@@ -51,8 +52,8 @@ class KVCache:
         self.num_blocks, self.block_size, self.dtype = int(num_blocks), int(block_size), dtype
         # keys transposed within a block (a key down a column): attention reads one dimension of
         # a block's keys as a vector and scores every query head of the group against it at once
-        kshape = (self.num_blocks, cfg.num_kv_heads, cfg.head_dim, self.block_size)
-        vshape = (self.num_blocks, cfg.num_kv_heads, self.block_size, cfg.head_dim)
+        kshape = (cfg.num_kv_heads, self.num_blocks, cfg.head_dim, self.block_size)
+        vshape = (cfg.num_kv_heads, self.num_blocks, self.block_size, cfg.head_dim)
         self.k = [np.zeros(kshape, KV_DTYPES[dtype]) for _ in range(cfg.num_layers)]
         self.v = [np.zeros(vshape, KV_DTYPES[dtype]) for _ in range(cfg.num_layers)]
         # (model, workspace, _ops.LayerStack): the layers bound to these pools (Transformer._layer_stack)
