@@ -162,7 +162,6 @@ QW_TARGET_AVX2 static inline __attribute__((always_inline)) __m256 load8(const v
     return _mm256_loadu_ps((const float *)base + i);
 }
 
-
 /* Scores of gc query heads (gc <= 6) against 16 keys of a block stored transposed (dimension
  * i of key j at kt[i * bs + j]): each step down the block loads the 16 keys' i-th values once
  * (two vectors) and adds q[g][i] times them to every head's two accumulators, so the keys are
@@ -348,9 +347,10 @@ QW_TARGET_AVX2 static void block_values_avx2(float *acc, int64_t G, int64_t hd, 
     int64_t per = heads_per_chunk(G);
     for (int64_t g0 = 0; g0 < G; g0 += per) {
         int gc = (int)(G - g0 < per ? G - g0 : per);
-        for (int64_t c = 0; c < hd; c += hd - c >= 16 ? 16 : 8)
-            pf_some(pf, pfn),
+        for (int64_t c = 0; c < hd; c += hd - c >= 16 ? 16 : 8) {
+            pf_some(pf, pfn);
             pv_tile_any(acc + g0 * hd, gc, hd, corr + g0, p + g0 * pstride, pstride, Vb, f16, nk, c);
+        }
     }
 }
 
