@@ -6,7 +6,7 @@
  * positions' vectors contiguously, and a kv head's blocks follow one another: a sequence whose
  * blocks were handed out in order is one run of memory per head, which the thread attending
  * for that head streams (with the kv heads inside each block, each thread read half of every
- * block, and decode attention at 4,096 positions ran about 1.3x longer). A sequence's positions
+ * block, and decode attention at 4,096 positions ran 1.2-1.8x longer). A sequence's positions
  * live in the blocks its block table lists: position p is slot p % bs of block table[p / bs].
  *
  * A pool holds float32 (QW_KV_F32) or IEEE half precision (QW_KV_F16, rounded to nearest even

@@ -169,6 +169,15 @@ static int64_t act_round_rows(size_t xstride, int64_t M) {
     return per < M ? per : M;
 }
 
+/* The product whose items of its kind (integer or float) hold item w of that kind: each kind's
+ * products number their items from `first`, in order. */
+static int product_of(const plan *pl, int count, int is_int, int64_t w) {
+    int i = 0;
+    for (int j = 0; j < count; j++)
+        if ((pl[j].idot != NULL) == is_int && w >= pl[j].first) i = j;
+    return i;
+}
+
 static int run_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) {
     plan pl[QW_GROUP_MAX];
     int64_t float_items = 0, round_items = 0, tile_rows = 0;
@@ -232,9 +241,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
             if (!ok) continue;
             int is_int = it >= float_items;
             int64_t w = is_int ? (it - float_items) % round_items : it;
-            int i = -1;
-            for (int j = 0; j < count; j++)
-                if (!pl[j].idot == !is_int && w >= pl[j].first) i = j;
+            int i = product_of(pl, count, is_int, w);
             int64_t n0 = (w - pl[i].first) * pl[i].rows;
             int64_t nb = p[i].N - n0 < pl[i].rows ? p[i].N - n0 : pl[i].rows;
             if (is_int) {

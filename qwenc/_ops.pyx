@@ -466,7 +466,7 @@ cdef class LayerStack:
     cdef qw_stack s
     cdef qw_layer *layers
     cdef int n
-    cdef readonly int64_t capacity, n_blocks
+    cdef readonly int64_t capacity
     cdef object keep
 
     def __cinit__(self):
@@ -500,7 +500,7 @@ cdef class LayerStack:
         self.layers = <qw_layer *>calloc(max(self.n, 1), sizeof(qw_layer))
         if self.layers == NULL:
             raise MemoryError()
-        self.n_blocks = -1
+        self.s.n_blocks = -1
         for i, lay in enumerate(layers):
             an, mn, qn, kn, qkv, op, gu, dp, Kc, Vc = lay
             L = &self.layers[i]
@@ -518,10 +518,9 @@ cdef class LayerStack:
             t = _pools(Kc, Vc, &kp, &vp, shape)
             if shape[1] != kv_heads or shape[3] != head_dim or shape[2] < 1 or shape[2] > 256:
                 raise ValueError("KV pool shape mismatch")
-            if kv_type >= 0 and (t != kv_type or shape[0] != self.n_blocks or shape[2] != self.s.bs):
+            if kv_type >= 0 and (t != kv_type or shape[0] != self.s.n_blocks or shape[2] != self.s.bs):
                 raise ValueError("the layers' KV pools differ in type or shape")
-            kv_type, self.n_blocks, self.s.bs = t, shape[0], shape[2]
-            self.s.n_blocks = shape[0]
+            kv_type, self.s.n_blocks, self.s.bs = t, shape[0], shape[2]
             L.Kc, L.Vc = kp, vp
         self.s.kv_type = kv_type
         self.capacity = C
@@ -536,7 +535,7 @@ def forward_layers(LayerStack st, int64_t T, const int64_t[::1] pos, const int64
     """Runs every layer of st over the first T rows of its x buffer (in place): row t at
     position pos[t] of sequence row_seq[t] (a row of block_tables), its key and value stored at
     slots[t], as forward.py's per-layer path computes it, bit for bit."""
-    cdef int64_t mb = block_tables.shape[1], bs = st.s.bs, nb = st.n_blocks
+    cdef int64_t mb = block_tables.shape[1], bs = st.s.bs, nb = st.s.n_blocks
     cdef int rc
     if T < 1 or T > st.capacity:
         raise ValueError(f"{T} rows for buffers of {st.capacity}")
