@@ -8,6 +8,7 @@ QWENC_SANITIZE=address,undefined builds the C code with those sanitizers (and wi
 optimizations that hide where a fault is), for `make test-asan`; that build goes to a directory
 of its own (setup.py build --build-base ...), never over the in-place one.
 """
+import glob
 import os
 import subprocess
 import sys
@@ -76,7 +77,9 @@ def extensions():
         if only and name not in only:
             continue
         pyx = name.replace(".", "/") + ".pyx"
+        # depends: a header's change rebuilds every module (the kernel files share intdot_x86.h)
         exts.append(Extension(name, [pyx] + sources, include_dirs=["csrc", np.get_include()],
+                              depends=sorted(glob.glob("csrc/*.h")),
                               extra_compile_args=cflags, extra_link_args=ldflags))
     return cythonize(exts, compiler_directives={"language_level": 3, "boundscheck": False,
                                                 "wraparound": False, "cdivision": True},

@@ -139,7 +139,8 @@ def llama_info():
 
 
 def cpu_line():
-    """The ISA each side can use: qwenc dispatches to AVX2 at most; a native llama.cpp build also
+    """The ISA each side can use: qwenc's integer products take AVX-512 VNNI where the CPU has it,
+    its other kernels AVX2 at most; a native llama.cpp build also
     uses AVX-512 (and VNNI) where the CPU has it."""
     from qwenc import _ops
     flags = set()
@@ -152,7 +153,9 @@ def cpu_line():
         pass
     wide = " ".join(f for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni")
                     if f in flags)
-    return (f"qwenc SIMD path: {'AVX2+FMA+F16C' if _ops.simd_enabled() else 'plain C'}; "
+    path = {"plain": "plain C", "avx2": "AVX2+FMA+F16C",
+            "avx512": "AVX2+FMA+F16C, AVX-512 VNNI integer products"}[_ops.simd_path()]
+    return (f"qwenc SIMD path: {path}; "
             f"CPU AVX-512/VNNI flags: {wide or 'none'}")
 
 
@@ -507,6 +510,9 @@ def main():
     if args.model is None:
         from qwenc.formats.demo import demo_model_path
         args.model = str(demo_model_path())
+    else:  # a name qwenc knows (demo-1.5b, a hub id) as the file llama.cpp is given too
+        from qwenc.formats.resolve import resolve_model_path
+        args.model = str(resolve_model_path(args.model))
     prompts = [int(p) for p in args.prompt.split(",")]
     dtypes = [None if d in ("none", "") else d for d in args.dtype.split(",")]
     context = max(prompts) + args.gen + 8

@@ -55,6 +55,16 @@ int qw_set_simd(int enabled) {
     return prev;
 }
 
+int qw_simd_level(void) { return level(); }
+
+int qw_cpu_simd_level(void) { return best_level(); }
+
+int qw_set_simd_level(int lv) {
+    int prev = level(), best = best_level();
+    simd_level = lv < 0 ? 0 : lv > best ? best : lv;
+    return prev;
+}
+
 /* The kernels' thread count. A global, not OpenMP's per-thread setting: the setting made by
  * the thread that loads a model must hold in whichever thread later runs its steps (an engine's
  * loop, a server's worker), and each parallel region asks for it with num_threads(). */

@@ -29,6 +29,12 @@ int qw_cpu_has_avx512(void);
 int qw_cpu_has_avx2(void);
 /* Enable (1) or disable (0) SIMD paths; returns the previous setting. */
 int qw_set_simd(int enabled);
+/* The path the kernels take (0 plain C, 1 AVX2, 2 AVX2 + AVX-512 integer products), the best one
+ * this CPU has, and a setting of it (clamped to what the CPU has; returns the previous level), so
+ * that the tests run every path a machine has. */
+int qw_simd_level(void);
+int qw_cpu_simd_level(void);
+int qw_set_simd_level(int level);
 
 /* Threads used by the OpenMP kernels (1 when built without OpenMP). */
 int qw_get_threads(void);

@@ -15,6 +15,9 @@ cdef extern from "cpu.h":
     int qw_use_avx2() nogil
     int qw_cpu_has_avx2() nogil
     int qw_set_simd(int enabled) nogil
+    int qw_simd_level() nogil
+    int qw_cpu_simd_level() nogil
+    int qw_set_simd_level(int level) nogil
     int qw_get_threads() nogil
     void qw_set_threads(int n) nogil
     int qw_parallel_width() nogil
@@ -573,3 +576,27 @@ def sample(float[::1] logits, float temperature, int64_t top_k, float top_p, flo
 def _sample_fail_allocs(int n):
     """For tests: make the next n scratch allocations of sample() fail."""
     qw_sample_fail_allocs(n)
+
+
+SIMD_PATHS = ("plain", "avx2", "avx512")
+
+
+def simd_paths():
+    """The kernel paths this CPU can take, plain first: a subset of SIMD_PATHS."""
+    return list(SIMD_PATHS[:qw_cpu_simd_level() + 1])
+
+
+def simd_path():
+    """The path the kernels take now: "plain", "avx2" or "avx512" (AVX2 with the AVX-512 VNNI
+    integer products)."""
+    return SIMD_PATHS[qw_simd_level()]
+
+
+def set_simd_path(path):
+    """Take `path` (one of simd_paths()); returns the previous one."""
+    if path not in SIMD_PATHS:
+        raise ValueError(f"unknown SIMD path {path!r}; expected one of {SIMD_PATHS}")
+    lv = SIMD_PATHS.index(path)
+    if lv > qw_cpu_simd_level():
+        raise ValueError(f"this CPU cannot take the {path} path (it has {simd_paths()})")
+    return SIMD_PATHS[qw_set_simd_level(lv)]

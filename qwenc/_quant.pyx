@@ -33,6 +33,9 @@ cdef extern from "matmul.h":
 cdef extern from "cpu.h":
     int qw_cpu_has_avx2()
     int qw_set_simd(int enabled)
+    int qw_simd_level()
+    int qw_cpu_simd_level()
+    int qw_set_simd_level(int level)
     int qw_use_avx2()
     int qw_get_threads() nogil
     void qw_set_threads(int n) nogil
@@ -234,3 +237,27 @@ def simd_enabled():
 def has_avx2():
     """True when this CPU has AVX2, FMA and F16C (whatever the setting)."""
     return bool(qw_cpu_has_avx2())
+
+
+SIMD_PATHS = ("plain", "avx2", "avx512")
+
+
+def simd_paths():
+    """The kernel paths this CPU can take, plain first: a subset of SIMD_PATHS."""
+    return list(SIMD_PATHS[:qw_cpu_simd_level() + 1])
+
+
+def simd_path():
+    """The path the kernels take now: "plain", "avx2" or "avx512" (AVX2 with the AVX-512 VNNI
+    integer products)."""
+    return SIMD_PATHS[qw_simd_level()]
+
+
+def set_simd_path(path):
+    """Take `path` (one of simd_paths()); returns the previous one."""
+    if path not in SIMD_PATHS:
+        raise ValueError(f"unknown SIMD path {path!r}; expected one of {SIMD_PATHS}")
+    lv = SIMD_PATHS.index(path)
+    if lv > qw_cpu_simd_level():
+        raise ValueError(f"this CPU cannot take the {path} path (it has {simd_paths()})")
+    return SIMD_PATHS[qw_set_simd_level(lv)]

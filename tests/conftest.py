@@ -49,6 +49,23 @@ def pytest_configure(config):
             assert runtime in maps, f"QWENC_SANITIZED is set but {runtime} is not loaded"
 
 
+def _simd_paths():
+    from qwenc import _ops
+    return _ops.simd_paths()
+
+
+@pytest.fixture(params=_simd_paths())
+def simd(request):
+    """Run the test on every kernel path this CPU has ("plain" always, "avx2", "avx512"),
+    restoring the setting after. Both extension modules carry their own copy of the kernels and of
+    the switch: both are set. Only the paths the CPU has are collected, so none is skipped."""
+    from qwenc import _ops, _quant
+    prev = _ops.set_simd_path(request.param), _quant.set_simd_path(request.param)
+    yield request.param
+    _ops.set_simd_path(prev[0])
+    _quant.set_simd_path(prev[1])
+
+
 def _demo(name):
     """Skipped locally when the demo's extra is not installed; under CI (CI=true) its absence is
     a failure, so a missing install step cannot pass silently."""

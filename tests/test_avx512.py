@@ -55,10 +55,10 @@ def avx512_product(lib, dtype, bits, group, K, xq, M):
 def avx2():
     if not _ops.has_avx2():
         pytest.fail("the AVX-512 kernels are checked against the AVX2 ones, which this CPU cannot run")
-    prev = _ops.set_simd(True), _quant.set_simd(True)
+    prev = _ops.set_simd_path("avx2"), _quant.set_simd_path("avx2")
     yield
-    _ops.set_simd(prev[0])
-    _quant.set_simd(prev[1])
+    _ops.set_simd_path(prev[0])
+    _quant.set_simd_path(prev[1])
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="builds a shared library with the system C compiler")

@@ -24,15 +24,6 @@ ROW_COUNTS = [1, 2, 3, 4, 5, 8, 16, 17, 64]
 N = 131            # not a multiple of the 4-row kernels, 32-row work items or any tile height
 
 
-@pytest.fixture(params=[True, False], ids=["avx2", "plain"])
-def simd(request):
-    if request.param and not _ops.has_avx2():
-        pytest.skip("CPU without AVX2/FMA/F16C")
-    prev = _ops.set_simd(request.param), _quant.set_simd(request.param)
-    yield request.param
-    _ops.set_simd(prev[0])
-    _quant.set_simd(prev[1])
-
 
 @pytest.fixture
 def threads():

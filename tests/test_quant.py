@@ -30,20 +30,7 @@ SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0"
 # within ~1e-6 of that bound; a single code off by one in a row breaks it (see the falsifier).
 DOT_RTOL = 1e-5
 
-SIMD_MODES = [pytest.param(True, id="avx2"), pytest.param(False, id="plain")]
 
-
-@pytest.fixture(params=SIMD_MODES)
-def simd(request):
-    """Run the test on the AVX2 path and on the plain C path, restoring the setting after. Both
-    extension modules carry their own copy of the kernels and of the switch: both are set."""
-    from qwenc import _ops
-    if request.param and not _quant.has_avx2():
-        pytest.skip("CPU without AVX2/FMA/F16C")
-    prev = _quant.set_simd(request.param), _ops.set_simd(request.param)
-    yield request.param
-    _quant.set_simd(prev[0])
-    _ops.set_simd(prev[1])
 
 
 def random_blocks(name, rows, cols, rng, scale_bits=None):

@@ -21,15 +21,6 @@ K_CASES = {name: ([32, 96, 160, 288] if name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1",
            for name in BLOCK_TYPES}
 
 
-@pytest.fixture(params=[True, False], ids=["avx2", "plain"])
-def simd(request):
-    if request.param and not _ops.has_avx2():
-        pytest.skip("CPU without AVX2/FMA/F16C")
-    prev = _ops.set_simd(request.param), _quant.set_simd(request.param)
-    yield request.param
-    _ops.set_simd(prev[0])
-    _quant.set_simd(prev[1])
-
 
 def bits_equal(a, b):
     return ((a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))).all()
