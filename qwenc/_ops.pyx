@@ -5,7 +5,7 @@ Arguments are typed memoryviews, so shapes and dtypes are checked by Cython at t
 kernels run without the GIL. These wrappers check shapes only where a mismatch would make C read
 or write out of bounds.
 """
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
 from libc.stdlib cimport calloc, free
 
 import numpy as np
@@ -45,6 +45,7 @@ cdef extern from "matmul.h":
 
 cdef extern from "ops.h":
     void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) nogil
+    uint64_t qw_read_sum(const uint64_t *p, int64_t n_words) nogil
     void qw_rope(float *x, int64_t T, int64_t H, int64_t hd, const int64_t *pos, const float *inv_freq) nogil
     void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out) nogil
     void qw_softmax(float *x, int64_t M, int64_t n) nogil
@@ -276,6 +277,14 @@ def embed(const uint8_t[::1] E, int dtype, int64_t V, int64_t D, const int32_t[:
 
 
 # ---------------------------------------------------------------- element-wise
+
+def read_sum(const uint64_t[::1] words):
+    """The wrapping sum of the words, read by all the kernels' threads (a bandwidth probe)."""
+    cdef uint64_t r
+    with nogil:
+        r = qw_read_sum(&words[0], words.shape[0])
+    return int(r)
+
 
 def rmsnorm(const float[:, ::1] x, const float[::1] w, float eps, float[:, ::1] out):
     cdef int64_t M = x.shape[0], D = x.shape[1]

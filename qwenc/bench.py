@@ -24,21 +24,21 @@ def weight_bytes_per_token(model) -> int:
 
 
 def measure_bandwidth(mb: int = 1024, repeats: int = 5) -> float:
-    """Read bandwidth in GB/s: the best of `repeats` BF16 matrix-vector products over `mb` MB
-    (all threads), after one warm-up pass. Far larger than the caches, so it is DRAM speed."""
+    """Read bandwidth in GB/s: the best of `repeats` streaming reads of `mb` MB by all the
+    kernels' threads (a plain sum of 64-bit words, no arithmetic to wait on), after one warm-up
+    pass. Far larger than the caches, so it is DRAM speed: what a decode step could at best read
+    its weights at. (Until now the probe was a BF16 matrix-vector product, which is itself a
+    kernel: the integer paths' decode read faster than it.)"""
     from . import _ops
-    K = 4096
-    N = mb * (1 << 20) // (2 * K)
-    W = np.ones((N, K), np.uint16)
-    x = np.ones((1, K), np.float32)
-    y = np.empty((1, N), np.float32)
+    words = np.ones(mb * (1 << 20) // 8, np.uint64)
     times = []
-    _ops.matmul(W.reshape(-1).view(np.uint8), 30, N, K, x, y)
+    if _ops.read_sum(words) != words.size:
+        raise RuntimeError("bandwidth probe: wrong sum")
     for _ in range(repeats):
         t = time.perf_counter()
-        _ops.matmul(W.reshape(-1).view(np.uint8), 30, N, K, x, y)
+        _ops.read_sum(words)
         times.append(time.perf_counter() - t)
-    return W.nbytes / min(times) / 1e9
+    return words.nbytes / min(times) / 1e9
 
 
 def roofline(model):

@@ -388,3 +388,20 @@ def test_embed_refuses_a_row_length_off_the_block():
     from qwenc.formats.tensors import Q8_0
     with pytest.raises(ValueError, match="block size"):
         _ops.embed(np.zeros(4096, np.uint8), Q8_0, 2, 48, np.array([1], np.int32), np.empty((1, 48), np.float32))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 1023, 100003])
+def test_read_sum_is_the_wrapping_word_sum(n, threads):
+    """The bandwidth probe's read really reads every word (its sum is checked against numpy's),
+    whatever the thread count and however the words split among the threads."""
+    words = rng.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
+    prev = _ops.get_threads()
+    _ops.set_threads(threads)
+    try:
+        got = _ops.read_sum(words)
+    finally:
+        _ops.set_threads(prev)
+    assert got == int(words.sum(dtype=np.uint64))
+    words[n // 2] ^= np.uint64(1)  # falsifier: one changed bit changes the sum
+    assert _ops.read_sum(words) != got
