@@ -1,4 +1,4 @@
-"""Each model kernel against a numpy reference, on the SIMD path and on the plain C path."""
+"""Each model kernel against a numpy reference, on every kernel path the CPU has (plain C always)."""
 import numpy as np
 import pytest
 
@@ -8,13 +8,13 @@ from qwenc.formats.tensors import BF16, F16, F32
 rng = np.random.default_rng(1234)
 
 
-@pytest.fixture(params=["simd", "plain"])
+@pytest.fixture(params=_ops.simd_paths())
 def path(request):
-    if request.param == "simd" and not _ops.has_avx2():
-        pytest.skip("CPU without AVX2/FMA/F16C")
-    old = _ops.set_simd(request.param == "simd")
+    """Every kernel path this CPU has: plain C always, AVX2, AVX-512 (attention's tiles of up to
+    8 heads, the integer products' VNNI)."""
+    old = _ops.set_simd_path(request.param)
     yield request.param
-    _ops.set_simd(old)
+    _ops.set_simd_path(old)
 
 
 def encode(w: np.ndarray, dtype: int):
@@ -197,7 +197,7 @@ def run_paged(q, K, V, start, scale, bs=16, dtype=np.float32):
     return out
 
 
-@pytest.mark.parametrize("H,Hkv", [(4, 4), (4, 2), (6, 2), (8, 1), (14, 2)])
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (4, 2), (6, 2), (8, 1), (14, 2), (20, 2), (12, 1), (16, 1), (17, 1)])
 @pytest.mark.parametrize("T,start", [(1, 0), (1, 9), (5, 0), (4, 6)])
 def test_attention_gqa_causal(path, H, Hkv, T, start):
     hd, cap = 32, 16
@@ -405,3 +405,25 @@ def test_read_sum_is_the_wrapping_word_sum(n, threads):
     assert got == int(words.sum(dtype=np.uint64))
     words[n // 2] ^= np.uint64(1)  # falsifier: one changed bit changes the sum
     assert _ops.read_sum(words) != got
+
+
+@pytest.mark.parametrize("H,Hkv,hd", [(14, 2, 64), (8, 1, 16), (16, 1, 24), (17, 1, 8), (12, 2, 128)])
+@pytest.mark.parametrize("f16", [False, True])
+def test_attention_simd_paths_give_the_same_bits(H, Hkv, hd, f16):
+    """The AVX-512 attention (tiles of up to 8 heads) computes every score and output with the
+    AVX2 path's FMA chains, so the two agree bit for bit; on a CPU without AVX-512 this compares
+    AVX2 with itself. A mutation of either path's arithmetic shows here."""
+    simd = [p for p in _ops.simd_paths() if p != "plain"]
+    T, start, cap = 3, 70, 96
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    K = rng.standard_normal((Hkv, cap, hd)).astype(np.float32)
+    V = rng.standard_normal((Hkv, cap, hd)).astype(np.float32)
+    outs = []
+    for p in simd:
+        old = _ops.set_simd_path(p)
+        try:
+            outs.append(run_paged(q, K, V, start, hd ** -0.5, 16, dtype=np.float16 if f16 else np.float32))
+        finally:
+            _ops.set_simd_path(old)
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o.view(np.uint32), outs[0].view(np.uint32))
