@@ -156,18 +156,22 @@ typedef struct {
 #define ATT_TARGET QW_TARGET_AVX2
 #define ATT(name) name##_avx2
 #define ATT_MAX_GC 6
+#define ATT_WIDE 0
 #include "attention_x86.h"
 #undef ATT_TARGET
 #undef ATT
 #undef ATT_MAX_GC
+#undef ATT_WIDE
 
-#define ATT_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
+#define ATT_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")))
 #define ATT(name) name##_avx512
 #define ATT_MAX_GC 8
+#define ATT_WIDE 1
 #include "attention_x86.h"
 #undef ATT_TARGET
 #undef ATT
 #undef ATT_MAX_GC
+#undef ATT_WIDE
 #endif
 
 int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t hd,

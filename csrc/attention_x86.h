@@ -23,6 +23,57 @@ ATT_TARGET static inline __attribute__((always_inline)) __m256 ATT(load8)(const 
     return _mm256_loadu_ps((const float *)base + i);
 }
 
+#if ATT_WIDE
+/* AVX-512: 16 keys (or value columns) per 512-bit vector, one FMA where AVX2 needs two; every
+ * lane's chain is the same as on AVX2, so the bits are too. */
+ATT_TARGET static inline __attribute__((always_inline)) __m512 ATT(load16)(const void *base, int64_t i, int f16) {
+    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
+    return _mm512_loadu_ps((const float *)base + i);
+}
+
+/* tile_scores below on 512-bit vectors; a masked tile loads only its `valid` keys (the others
+ * read as zeros, as the AVX2 tile's). */
+ATT_TARGET static inline __attribute__((always_inline)) void
+ATT(tile_scores16)(const float *q, int gc, int64_t hd, const void *kt, int64_t j0, int64_t bs, int masked, int f16,
+                   int64_t valid, float scale, float *out, int64_t ostride) {
+    const __mmask16 keep = masked ? (__mmask16)((1u << valid) - 1u) : (__mmask16)0xFFFF;
+    __m512 acc[ATT_MAX_GC];
+#pragma GCC unroll 8
+    for (int g = 0; g < gc; g++) acc[g] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < hd; i++) {
+        int64_t at = i * bs + j0;
+        __m512 k;
+        if (masked && f16)
+            k = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, (const uint16_t *)kt + at));
+        else if (masked)
+            k = _mm512_maskz_loadu_ps(keep, (const float *)kt + at);
+        else
+            k = ATT(load16)(kt, at, f16);
+#pragma GCC unroll 8
+        for (int g = 0; g < gc; g++) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + i]), k, acc[g]);
+    }
+    __m512 vs = _mm512_set1_ps(scale);
+#pragma GCC unroll 8
+    for (int g = 0; g < gc; g++) _mm512_storeu_ps(out + g * ostride, _mm512_mul_ps(acc[g], vs));
+}
+
+/* pv_tile below over 16 columns in one 512-bit vector per head. */
+ATT_TARGET static inline __attribute__((always_inline)) void
+ATT(pv_tile16)(float *acc, int gc, int64_t hd, const float *corr, const float *p, int64_t pstride, const void *Vb,
+               int f16, int64_t nk, int64_t c) {
+    __m512 r[ATT_MAX_GC];
+#pragma GCC unroll 8
+    for (int g = 0; g < gc; g++) r[g] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * hd + c), _mm512_set1_ps(corr[g]));
+    for (int64_t j = 0; j < nk; j++) {
+        __m512 v = ATT(load16)(Vb, j * hd + c, f16);
+#pragma GCC unroll 8
+        for (int g = 0; g < gc; g++) r[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * pstride + j]), v, r[g]);
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < gc; g++) _mm512_storeu_ps(acc + g * hd + c, r[g]);
+}
+#endif
+
 /* Scores of gc query heads (gc <= ATT_MAX_GC) against 16 keys of a block stored transposed (dimension
  * i of key j at kt[i * bs + j]): each step down the block loads the 16 keys' i-th values once
  * (two vectors) and adds q[g][i] times them to every head's two accumulators, so the keys are
@@ -34,6 +85,12 @@ ATT_TARGET static inline __attribute__((always_inline)) __m256 ATT(load8)(const 
 ATT_TARGET static inline __attribute__((always_inline)) void
 ATT(tile_scores)(const float *q, int gc, int64_t hd, const void *kt, int64_t j0, int64_t bs, int masked, int f16,
             int64_t valid, __m256i mlo, __m256i mhi, float scale, float *out, int64_t ostride) {
+#if ATT_WIDE
+    (void)mlo;
+    (void)mhi;
+    ATT(tile_scores16)(q, gc, hd, kt, j0, bs, masked, f16, valid, scale, out, ostride);
+    return;
+#endif
     __m256 acc[2 * ATT_MAX_GC];
     /* unrolled: a loop left rolled keeps acc in memory, a store per FMA */
 #pragma GCC unroll 16
@@ -158,6 +215,12 @@ ATT_TARGET static float ATT(max)(const float *s, int64_t n) {
 ATT_TARGET static inline __attribute__((always_inline)) void
 ATT(pv_tile)(float *acc, int gc, int W, int64_t hd, const float *corr, const float *p, int64_t pstride, const void *Vb,
         int f16, int64_t nk, int64_t c) {
+#if ATT_WIDE
+    if (W == 2) {
+        ATT(pv_tile16)(acc, gc, hd, corr, p, pstride, Vb, f16, nk, c);
+        return;
+    }
+#endif
     __m256 r[2 * ATT_MAX_GC];
 #pragma GCC unroll 16
     for (int g = 0; g < gc * W; g++)
