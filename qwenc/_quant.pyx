@@ -239,25 +239,5 @@ def has_avx2():
     return bool(qw_cpu_has_avx2())
 
 
-SIMD_PATHS = ("plain", "avx2", "avx512")
-
-
-def simd_paths():
-    """The kernel paths this CPU can take, plain first: a subset of SIMD_PATHS."""
-    return list(SIMD_PATHS[:qw_cpu_simd_level() + 1])
-
-
-def simd_path():
-    """The path the kernels take now: "plain", "avx2" or "avx512" (AVX2 with the AVX-512 VNNI
-    integer products)."""
-    return SIMD_PATHS[qw_simd_level()]
-
-
-def set_simd_path(path):
-    """Take `path` (one of simd_paths()); returns the previous one."""
-    if path not in SIMD_PATHS:
-        raise ValueError(f"unknown SIMD path {path!r}; expected one of {SIMD_PATHS}")
-    lv = SIMD_PATHS.index(path)
-    if lv > qw_cpu_simd_level():
-        raise ValueError(f"this CPU cannot take the {path} path (it has {simd_paths()})")
-    return SIMD_PATHS[qw_set_simd_level(lv)]
+# the kernel path setting (each extension module carries its own copy of the kernels and of it)
+include "_simd.pxi"
