@@ -1,10 +1,11 @@
 /* The SIMD attention kernels (hd a multiple of 8), included by attention.c once per target:
- * AVX2 (16 vector registers: tiles of at most 6 heads) and AVX-512 (the same 256-bit code with 32
- * registers: tiles of up to 8 heads, so a group of 7 or 8 query heads per kv head, as in
- * Qwen2.5-0.5B and -7B, reads each block's keys and values once instead of twice). Before
- * including it attention.c defines ATT_TARGET, ATT(name) (the name with the target's suffix) and
- * ATT_MAX_GC. Every score and every output is the same FMA chain whatever the tile's head count,
- * so both targets give the same bits. */
+ * AVX2 (16 vector registers: tiles of at most 6 heads x 16 keys in 256-bit vectors) and AVX-512
+ * (ATT_WIDE: 32 registers, tiles of up to 8 heads, 16 keys or value columns per 512-bit FMA, so a
+ * group of 7 or 8 query heads per kv head, as in Qwen2.5-0.5B and -7B, reads each block's keys and
+ * values once instead of twice). Before including it attention.c defines ATT_TARGET, ATT(name)
+ * (the name with the target's suffix), ATT_MAX_GC and ATT_WIDE. Every score and every output is
+ * the same FMA chain whatever the tile's head count or vector width, so both targets give the
+ * same bits. */
 
 /* A tile of 7 heads where the target has the registers for it, else the 6-head one (unused). */
 #define ATT_GC(n) ((n) <= ATT_MAX_GC ? (n) : 6)

@@ -217,8 +217,12 @@ def cmd_bench(args):
     peak = peak_rss_bytes()  # before the bandwidth probe's 1 GB buffer
     gbs = measure_bandwidth()
     roof = gbs * 1e9 / per_token
+    from qwenc import _ops
+    paths = {"plain": "plain C", "avx2": "AVX2+FMA+F16C",
+             "avx512": "AVX2+FMA+F16C, AVX-512 VNNI integer products and AVX-512 attention"}
     print(format_table(rows))
-    print(f"\nread bandwidth {gbs:.1f} GB/s (probe: a streaming read of 1 GB by the same threads); "
+    print(f"\nkernels: {paths[_ops.simd_path()]} (QWENC_SIMD=avx2 or 0 to compare)")
+    print(f"read bandwidth {gbs:.1f} GB/s (probe: a streaming read of 1 GB by the same threads); "
           f"{per_token / 1e9:.3f} GB of weights per token -> roofline {roof:.1f} tok/s")
     for mode, rate in tg_rates.items():
         print(f"decode tg{args.tg} ({mode}): {rate:.1f} tok/s = {100 * rate / roof:.0f}% of the roofline")
