@@ -148,6 +148,7 @@ static void attend_group_plain(const float *q, int64_t G, int64_t hd, head_pool 
 /* ---------------------------------------------------------------- SIMD (hd a multiple of 8) */
 
 #if QW_HAVE_X86
+/* What is left to ask for of the block after next's keys ([0]) and values ([1]); see pf_some. */
 typedef struct {
     const char *at[2];
     int64_t left[2]; /* bytes */
