@@ -139,10 +139,10 @@ def llama_info():
 
 
 def cpu_line():
-    """The ISA each side can use: qwenc's integer products take AVX-512 VNNI where the CPU has it,
-    its other kernels AVX2 at most; a native llama.cpp build also
-    uses AVX-512 (and VNNI) where the CPU has it."""
-    from qwenc import _ops
+    """The ISA each side uses: qwenc's integer products and attention take AVX-512 where the CPU
+    has it, its other kernels AVX2 at most; a native llama.cpp build uses AVX-512 (and VNNI)
+    where the CPU has it."""
+    from qwenc.bench import kernel_path
     flags = set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -153,10 +153,7 @@ def cpu_line():
         pass
     wide = " ".join(f for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni")
                     if f in flags)
-    path = {"plain": "plain C", "avx2": "AVX2+FMA+F16C",
-            "avx512": "AVX2+FMA+F16C, AVX-512 VNNI integer products"}[_ops.simd_path()]
-    return (f"qwenc SIMD path: {path}; "
-            f"CPU AVX-512/VNNI flags: {wide or 'none'}")
+    return f"qwenc SIMD path: {kernel_path()}; CPU AVX-512/VNNI flags: {wide or 'none'}"
 
 
 # ---------------------------------------------------------------- other processes' CPU use

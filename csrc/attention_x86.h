@@ -90,8 +90,7 @@ ATT(tile_scores)(const float *q, int gc, int64_t hd, const void *kt, int64_t j0,
     (void)mlo;
     (void)mhi;
     ATT(tile_scores16)(q, gc, hd, kt, j0, bs, masked, f16, valid, scale, out, ostride);
-    return;
-#endif
+#else
     __m256 acc[2 * ATT_MAX_GC];
     /* unrolled: a loop left rolled keeps acc in memory, a store per FMA */
 #pragma GCC unroll 16
@@ -124,6 +123,7 @@ ATT(tile_scores)(const float *q, int gc, int64_t hd, const void *kt, int64_t j0,
         _mm256_storeu_ps(out + g * ostride, _mm256_mul_ps(acc[2 * g], vs));
         _mm256_storeu_ps(out + g * ostride + 8, _mm256_mul_ps(acc[2 * g + 1], vs));
     }
+#endif
 }
 
 #define TILE_CASES(M, F)                                                                          \
@@ -165,7 +165,6 @@ ATT_TARGET static void ATT(tile_scores_any)(const float *q, int gc, int64_t hd, 
  * are asked for a few before each tile of the current block: asked for all at once, at the
  * block's start, they filled the core's miss buffers and stalled the tiles' own loads (decode
  * attention over 4,096 positions of the 0.5B model took about 1.4x as long). */
-
 ATT_TARGET static inline void ATT(pf_some)(pf_cursor *c, int lines) {
     for (int s = 0; s < 2 && lines > 0; s++)
         while (c->left[s] > 0 && lines > 0) {

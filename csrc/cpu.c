@@ -49,12 +49,6 @@ int qw_use_avx2(void) { return level() >= 1; }
 
 int qw_use_avx512(void) { return level() >= 2; }
 
-int qw_set_simd(int enabled) {
-    int prev = qw_use_avx2();
-    simd_level = enabled ? best_level() : 0;
-    return prev;
-}
-
 int qw_simd_level(void) { return level(); }
 
 int qw_cpu_simd_level(void) { return best_level(); }
@@ -64,6 +58,8 @@ int qw_set_simd_level(int lv) {
     simd_level = lv < 0 ? 0 : lv > best ? best : lv;
     return prev;
 }
+
+int qw_set_simd(int enabled) { return qw_set_simd_level(enabled ? best_level() : 0) >= 1; }
 
 /* The kernels' thread count. A global, not OpenMP's per-thread setting: the setting made by
  * the thread that loads a model must hold in whichever thread later runs its steps (an engine's

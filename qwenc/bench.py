@@ -25,10 +25,10 @@ def weight_bytes_per_token(model) -> int:
 
 def measure_bandwidth(mb: int = 1024, repeats: int = 5) -> float:
     """Read bandwidth in GB/s: the best of `repeats` streaming reads of `mb` MB by all the
-    kernels' threads (a plain sum of 64-bit words, no arithmetic to wait on), after one warm-up
-    pass. Far larger than the caches, so it is DRAM speed: what a decode step could at best read
-    its weights at. (Until now the probe was a BF16 matrix-vector product, which is itself a
-    kernel: the integer paths' decode read faster than it.)"""
+    kernels' threads, after one warm-up pass. Far larger than the caches, so it is DRAM speed:
+    what a decode step could at best read its weights at. A plain sum of 64-bit words, not a
+    model kernel: a kernel as the probe would be bound by its own arithmetic, and faster kernels
+    would show above 100% of it."""
     from . import _ops
     words = np.ones(mb * (1 << 20) // 8, np.uint64)
     times = []
@@ -39,6 +39,13 @@ def measure_bandwidth(mb: int = 1024, repeats: int = 5) -> float:
         _ops.read_sum(words)
         times.append(time.perf_counter() - t)
     return words.nbytes / min(times) / 1e9
+
+
+def kernel_path() -> str:
+    """The SIMD path the kernels take on this CPU, in words."""
+    from . import _ops
+    return {"plain": "plain C", "avx2": "AVX2+FMA+F16C",
+            "avx512": "AVX2+FMA+F16C, AVX-512 VNNI integer products and AVX-512 attention"}[_ops.simd_path()]
 
 
 def roofline(model):

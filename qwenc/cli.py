@@ -197,8 +197,8 @@ def cmd_bench(args):
     """A llama-bench-like table per activation mode: prefill (pp), decode (tg) after a short
     prompt and at depth, batched decode at several batch sizes; then peak RSS and the decode rate
     as a share of the machine's measured read bandwidth."""
-    from qwenc.bench import (bench_table, current_rss_bytes, format_table, measure_bandwidth, parameter_count,
-                             peak_rss_bytes, weight_bytes_per_token, weight_file_bytes)
+    from qwenc.bench import (bench_table, current_rss_bytes, format_table, kernel_path, measure_bandwidth,
+                             parameter_count, peak_rss_bytes, weight_bytes_per_token, weight_file_bytes)
     modes = [m for m in (args.modes or args.activations).split(",") if m]
     batches = [int(b) for b in args.batch.split(",") if b] if args.batch else []
     args.context = max(args.pp, args.depth + args.tg, 16 + args.tg, 16 + args.batch_steps) + 8
@@ -217,11 +217,8 @@ def cmd_bench(args):
     peak = peak_rss_bytes()  # before the bandwidth probe's 1 GB buffer
     gbs = measure_bandwidth()
     roof = gbs * 1e9 / per_token
-    from qwenc import _ops
-    paths = {"plain": "plain C", "avx2": "AVX2+FMA+F16C",
-             "avx512": "AVX2+FMA+F16C, AVX-512 VNNI integer products and AVX-512 attention"}
     print(format_table(rows))
-    print(f"\nkernels: {paths[_ops.simd_path()]} (QWENC_SIMD=avx2 or 0 to compare)")
+    print(f"\nkernels: {kernel_path()} (QWENC_SIMD=avx2 or 0 to compare)")
     print(f"read bandwidth {gbs:.1f} GB/s (probe: a streaming read of 1 GB by the same threads); "
           f"{per_token / 1e9:.3f} GB of weights per token -> roofline {roof:.1f} tok/s")
     for mode, rate in tg_rates.items():

@@ -24,7 +24,6 @@ ROW_COUNTS = [1, 2, 3, 4, 5, 8, 16, 17, 64]
 N = 131            # not a multiple of the 4-row kernels, 32-row work items or any tile height
 
 
-
 @pytest.fixture
 def threads():
     """Restores the kernels' thread count after a test that changes it."""

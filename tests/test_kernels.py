@@ -8,13 +8,10 @@ from qwenc.formats.tensors import BF16, F16, F32
 rng = np.random.default_rng(1234)
 
 
-@pytest.fixture(params=_ops.simd_paths())
-def path(request):
-    """Every kernel path this CPU has: plain C always, AVX2, AVX-512 (attention's tiles of up to
-    8 heads, the integer products' VNNI)."""
-    old = _ops.set_simd_path(request.param)
-    yield request.param
-    _ops.set_simd_path(old)
+@pytest.fixture
+def path(simd):
+    """The kernel path of the test: conftest's `simd` fixture runs it on every path this CPU has."""
+    return simd
 
 
 def encode(w: np.ndarray, dtype: int):

@@ -31,8 +31,6 @@ SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0"
 DOT_RTOL = 1e-5
 
 
-
-
 def random_blocks(name, rows, cols, rng, scale_bits=None):
     """Stored bytes of a [rows, cols] tensor: random codes (every bit pattern is a valid block)
     with f16 scales drawn from +-[1e-4, 1e-2], or raw random bits when scale_bits is set."""

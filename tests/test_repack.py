@@ -21,7 +21,6 @@ K_CASES = {name: ([32, 96, 160, 288] if name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1",
            for name in BLOCK_TYPES}
 
 
-
 def bits_equal(a, b):
     return ((a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))).all()
 
