@@ -6,7 +6,8 @@
 #include <omp.h>
 #endif
 
-/* -1: not decided yet; 0: plain C; 1: AVX2 (+FMA, F16C); 2: AVX2 and AVX-512 (F, BW, VL, VNNI) */
+/* -1: not decided yet; 0: plain C; 1: AVX2 (+FMA, F16C); 2: AVX2 and AVX-512 (F, BW, VL, VNNI)
+ * on 256-bit vectors; 3: as 2, with the integer products of several act rows on 512-bit ones */
 static int simd_level = -1;
 
 int qw_cpu_has_avx2(void) {
@@ -29,7 +30,19 @@ int qw_cpu_has_avx512(void) {
 #endif
 }
 
-static int best_level(void) { return qw_cpu_has_avx512() ? 2 : qw_cpu_has_avx2() ? 1 : 0; }
+/* The highest path this CPU can run. */
+static int best_level(void) { return qw_cpu_has_avx512() ? 3 : qw_cpu_has_avx2() ? 1 : 0; }
+
+/* The path taken unless told otherwise. Intel's AVX-512 cores run a 512-bit vpdpbusd at the
+ * rate of a 256-bit one, so the 512-bit products do twice the work per instruction there; Zen 4
+ * splits a 512-bit operation in two, where the 256-bit ones were as fast or faster. */
+static int default_level(void) {
+    int best = best_level();
+#if QW_HAVE_X86
+    if (best == 3 && !__builtin_cpu_is("intel")) return 2;
+#endif
+    return best;
+}
 
 static int level(void) {
     if (simd_level < 0) {
@@ -39,8 +52,12 @@ static int level(void) {
             simd_level = 0;
         else if (env && strcmp(env, "avx2") == 0)
             simd_level = best < 1 ? best : 1;
-        else
+        else if (env && strcmp(env, "avx512") == 0)
+            simd_level = best < 2 ? best : 2;
+        else if (env && strcmp(env, "avx512w") == 0)
             simd_level = best;
+        else
+            simd_level = default_level();
     }
     return simd_level;
 }
@@ -49,9 +66,13 @@ int qw_use_avx2(void) { return level() >= 1; }
 
 int qw_use_avx512(void) { return level() >= 2; }
 
+int qw_use_avx512w(void) { return level() >= 3; }
+
 int qw_simd_level(void) { return level(); }
 
 int qw_cpu_simd_level(void) { return best_level(); }
+
+int qw_default_simd_level(void) { return default_level(); }
 
 int qw_set_simd_level(int lv) {
     int prev = level(), best = best_level();
@@ -59,7 +80,7 @@ int qw_set_simd_level(int lv) {
     return prev;
 }
 
-int qw_set_simd(int enabled) { return qw_set_simd_level(enabled ? best_level() : 0) >= 1; }
+int qw_set_simd(int enabled) { return qw_set_simd_level(enabled ? default_level() : 0) >= 1; }
 
 /* The kernels' thread count. A global, not OpenMP's per-thread setting: the setting made by
  * the thread that loads a model must hold in whichever thread later runs its steps (an engine's

@@ -24,16 +24,21 @@ int qw_use_avx2(void);
 /* 1 when, beside AVX2, the AVX-512 integer products (F, BW, VL and VNNI) are supported and
  * enabled (QWENC_SIMD=avx2 keeps them off). */
 int qw_use_avx512(void);
+/* 1 when the AVX-512 integer products take act rows in pairs in 512-bit vectors (the default on
+ * Intel; QWENC_SIMD=avx512 keeps them on 256-bit vectors, QWENC_SIMD=avx512w asks for them). */
+int qw_use_avx512w(void);
 int qw_cpu_has_avx512(void);
 /* 1 when this CPU supports AVX2, FMA and F16C (whatever the setting). */
 int qw_cpu_has_avx2(void);
 /* Enable (1) or disable (0) SIMD paths; returns the previous setting. */
 int qw_set_simd(int enabled);
-/* The path the kernels take (0 plain C, 1 AVX2, 2 AVX2 + AVX-512 integer products), the best one
- * this CPU has, and a setting of it (clamped to what the CPU has; returns the previous level), so
- * that the tests run every path a machine has. */
+/* The path the kernels take (0 plain C, 1 AVX2, 2 AVX2 + AVX-512 integer products on 256-bit
+ * vectors, 3 the same with several act rows' products on 512-bit ones), the highest one this CPU
+ * can run, the one it takes by default, and a setting of it (clamped to what the CPU has; returns
+ * the previous level), so that the tests run every path a machine has. */
 int qw_simd_level(void);
 int qw_cpu_simd_level(void);
+int qw_default_simd_level(void);
 int qw_set_simd_level(int level);
 
 /* Threads used by the OpenMP kernels (1 when built without OpenMP). */

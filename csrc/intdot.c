@@ -407,6 +407,15 @@ qw_r8_fn qw_r8_kernel(int dtype, int bits) {
 #undef CASE
 }
 
+qw_r8_fn qw_r8_kernel_pairs(int dtype, int bits) {
+    if (bits != 8 && bits != 16) return NULL;
+#if QW_HAVE_X86
+    if (qw_use_avx512w()) return qw_r8_kernel_avx512w(dtype, bits);
+#endif
+    (void)dtype;
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- one row */
 
 float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int bits) {

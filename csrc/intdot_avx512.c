@@ -82,8 +82,170 @@ R8_TARGET INLINE __m256i block_sum(int T, const __m256i c[8], const int8_t *x, c
     }
 }
 
+/* ---------------------------------------------------------------- two act rows per vpdpbusd
+ *
+ * The wide kernels (qw_r8_kernel_avx512w) take act rows two at a time in 512-bit vectors: lane
+ * 2r + i holds weight row r against act row i of the pair. Each step vector of the block has its
+ * 32-bit lanes doubled (one vpermd per step, shared by all pairs), and the act side comes as pair
+ * rows (kernels.h): two act rows interleaved 4 bytes at a time, so that a step's 4 + 4 codes, a
+ * block's two scales and its two code-sum pairs are each one 64-bit broadcast load. A lane meets
+ * the same integers and the same float operations in the same order as in the 256-bit kernels,
+ * so every path still gives the same bits. On Intel cores, which run a 512-bit vpdpbusd at the
+ * 256-bit one's rate, this does twice the products per instruction for prefill and batched
+ * decode; a lone act row (decode) keeps the 256-bit loop and the plain act rows. */
+
+R8_TARGET INLINE __m512i dup32(__m256i v) {
+    return _mm512_permutexvar_epi32(_mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
+                                    _mm512_castsi256_si512(v));
+}
+
+R8_TARGET INLINE __m512 dup32_ps(__m256 v) { return _mm512_castsi512_ps(dup32(_mm256_castps_si256(v))); }
+
+/* The 8 bytes at p (a's 4, b's 4) in every 64-bit lane. */
+R8_TARGET INLINE __m512i bcast8(const uint8_t *p) {
+    long long v;
+    memcpy(&v, p, 8);
+    return _mm512_set1_epi64(v);
+}
+
+/* Where a field of a plain act row (at offset f - h in a row starting at h) is in a pair row
+ * starting at h. */
+#define PAIRED(h, f) ((const uint8_t *)(h) + 2 * ((const uint8_t *)(f) - (const uint8_t *)(h)))
+
+R8_TARGET INLINE __m512i dot_steps_pair(const __m512i C[8], const uint8_t *x, int first, int n) {
+    __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), C[first], bcast8(x + 8 * first));
+    __m512i b = _mm512_dpbusd_epi32(_mm512_setzero_si512(), C[first + 1], bcast8(x + 8 * first + 8));
+    for (int s = first + 2; s < first + n; s += 2) {
+        a = _mm512_dpbusd_epi32(a, C[s], bcast8(x + 8 * s));
+        b = _mm512_dpbusd_epi32(b, C[s + 1], bcast8(x + 8 * s + 8));
+    }
+    return _mm512_add_epi32(a, b);
+}
+
+/* block_sum for a pair: x the block's paired codes, bs its paired code sums. */
+R8_TARGET INLINE __m512i block_sum_pair(int T, const __m512i C[8], const uint8_t *x, const uint8_t *bsp, __m512i k,
+                                        __m512i kb, __m512i kab) {
+    switch (T) {
+    case QW_Q4_0: return _mm512_sub_epi32(dot_steps_pair(C, x, 0, 8), _mm512_madd_epi16(bcast8(bsp), _mm512_set1_epi16(8)));
+    case QW_Q5_0: return _mm512_sub_epi32(dot_steps_pair(C, x, 0, 8), _mm512_madd_epi16(bcast8(bsp), _mm512_set1_epi16(16)));
+    case QW_Q8_0: return _mm512_sub_epi32(dot_steps_pair(C, x, 0, 8), _mm512_madd_epi16(bcast8(bsp), _mm512_set1_epi16(128)));
+    case QW_Q4_K: case QW_Q5_K: return _mm512_mullo_epi32(dot_steps_pair(C, x, 0, 8), k);
+    case QW_Q6_K: {
+        __m512i a = _mm512_mullo_epi32(dot_steps_pair(C, x, 0, 4), k);
+        __m512i b = _mm512_mullo_epi32(dot_steps_pair(C, x, 4, 4), kb);
+        return _mm512_sub_epi32(_mm512_add_epi32(a, b), _mm512_slli_epi32(_mm512_madd_epi16(kab, bcast8(bsp)), 5));
+    }
+    default: return dot_steps_pair(C, x, 0, 8); /* Q4_1, Q5_1 */
+    }
+}
+
+/* product() for M act rows as pair rows (pair p at xq + p xstride; when M is odd the last pair's
+ * second row is not stored). */
+R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *g, int64_t K, const uint8_t *xq,
+                                    size_t xstride, int64_t M, float *out) {
+    const int bs = IS_K(T) ? 256 : 32, subs = bs / 32, levels = BITS == 16 ? 2 : 1;
+    const int rb = T == QW_Q4_0 ? 144 : T == QW_Q4_1 ? 160 : T == QW_Q5_0 ? 176 : T == QW_Q5_1 ? 192 :
+                   T == QW_Q8_0 ? 272 : T == QW_Q4_K ? 1184 : T == QW_Q5_K ? 1440 : 1680;
+    const int has_min = T == QW_Q4_1 || T == QW_Q5_1 || T == QW_Q4_K || T == QW_Q5_K;
+    const size_t half = ACT_HALF(K);
+    const int64_t P = (M + 1) / 2;
+    __m512 acc[QW_R8_MAX_M / 2], macc[QW_R8_MAX_M / 2];
+    for (int64_t p = 0; p < P; p++) acc[p] = macc[p] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < K / bs; i++) {
+        const uint8_t *rec = g + (size_t)i * (size_t)rb;
+        const __m512 D = dup32_ps(f16x8(rec));
+        __m256 Dmin = _mm256_setzero_ps();
+        __m512 Mv = _mm512_setzero_ps();
+        if (T == QW_Q4_1 || T == QW_Q5_1) Mv = dup32_ps(f16x8(rec + 16));
+        if (T == QW_Q4_K || T == QW_Q5_K) Dmin = f16x8(rec + 16);
+        for (int j = 0; j < subs; j++) {
+            const int64_t b = i * subs + j;
+            qw_prefetch_share(rec, rb, subs, j);
+            __m256i c[8], k = _mm256_setzero_si256(), kb = k, kab = k;
+            switch (T) {
+            case QW_Q4_0: case QW_Q4_1: unpack_nibbles8(rec + (T == QW_Q4_0 ? 16 : 32), c); break;
+            case QW_Q5_0: unpack_nibbles8(rec + 48, c); add_fifth_bits(rec + 16, c); break;
+            case QW_Q5_1: unpack_nibbles8(rec + 64, c); add_fifth_bits(rec + 32, c); break;
+            case QW_Q8_0: unpack_q8(rec + 16, c); break;
+            case QW_Q4_K: case QW_Q5_K:
+                if (T == QW_Q4_K)
+                    unpack_nibbles8(rec + 160 + 128 * j, c);
+                else {
+                    unpack_nibbles8(rec + 416 + 128 * j, c);
+                    add_fifth_bits(rec + 160 + 32 * j, c);
+                }
+                scale_factors(T, rec + 32 + 8 * j, kab, &k, &kb);
+                Mv = dup32_ps(_mm256_mul_ps(Dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 96 + 8 * j))))));
+                break;
+            default:
+                unpack_nibbles8(rec + 656 + 128 * j, c);
+                add_high_bits(rec + 144 + 64 * j, c);
+                kab = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rec + 16 + 16 * j)));
+                scale_factors(T, NULL, kab, &k, &kb);
+            }
+            __m512i C[8];
+            for (int s = 0; s < 8; s++) C[s] = dup32(c[s]);
+            const __m512i K16 = dup32(k), KB16 = dup32(kb), KAB16 = dup32(kab);
+            for (int64_t p = 0; p < P; p++) {
+                const uint8_t *pr = xq + (size_t)p * xstride;
+                for (int lv = 0; lv < levels; lv++) {
+                    const uint8_t *h = pr + 2 * (size_t)lv * half; /* as a plain half starting at h */
+                    const int8_t *hx = (const int8_t *)h;
+                    __m512i isum = block_sum_pair(T, C, PAIRED(h, hx + 32 * b), PAIRED(h, ACT_BSUMS(hx, K) + 2 * b), K16,
+                                                  KB16, KAB16);
+                    __m512 ddx = _mm512_mul_ps(D, _mm512_castsi512_ps(bcast8(PAIRED(h, ACT_D(hx, K) + b))));
+                    acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, acc[p]);
+                    if (has_min) macc[p] = _mm512_fmadd_ps(Mv, _mm512_castsi512_ps(bcast8(PAIRED(h, ACT_S(hx, K) + b))), macc[p]);
+                }
+            }
+        }
+    }
+    /* lanes 2r + i to out[(2p + i) 8 + r] */
+    const __m512i split = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
+    for (int64_t p = 0; p < P; p++) {
+        __m512 r = acc[p];
+        if (T == QW_Q4_1 || T == QW_Q5_1) r = _mm512_add_ps(acc[p], macc[p]);
+        if (T == QW_Q4_K || T == QW_Q5_K) r = _mm512_sub_ps(acc[p], macc[p]);
+        r = _mm512_permutexvar_ps(split, r);
+        if (2 * p + 1 < M)
+            _mm512_storeu_ps(out + 16 * p, r);
+        else
+            _mm256_storeu_ps(out + 16 * p, _mm512_castps512_ps256(r));
+    }
+}
+
+#define WIDE(T, NAME, BITS)                                                                                     \
+    R8_TARGET static void r8w_##NAME##_##BITS(const uint8_t *g, int64_t K, const uint8_t *xq, size_t xs,         \
+                                              int64_t M, float *out) {                                          \
+        product_pairs(T, BITS, g, K, xq, xs, M, out);                                                           \
+    }
+#define WIDES(T, NAME) WIDE(T, NAME, 8) WIDE(T, NAME, 16)
+WIDES(QW_Q4_0, q4_0)
+WIDES(QW_Q4_1, q4_1)
+WIDES(QW_Q5_0, q5_0)
+WIDES(QW_Q5_1, q5_1)
+WIDES(QW_Q8_0, q8_0)
+WIDES(QW_Q4_K, q4_k)
+WIDES(QW_Q5_K, q5_k)
+WIDES(QW_Q6_K, q6_k)
+
+qw_r8_fn qw_r8_kernel_avx512w(int dtype, int bits) {
+#define CASE(T, NAME) case T: return bits == 16 ? r8w_##NAME##_16 : r8w_##NAME##_8;
+    switch (dtype) {
+    CASE(QW_Q4_0, q4_0) CASE(QW_Q4_1, q4_1) CASE(QW_Q5_0, q5_0) CASE(QW_Q5_1, q5_1)
+    CASE(QW_Q8_0, q8_0) CASE(QW_Q4_K, q4_k) CASE(QW_Q5_K, q5_k) CASE(QW_Q6_K, q6_k)
+    default: return NULL;
+    }
+#undef CASE
+}
+
 #else
 qw_r8_fn qw_r8_kernel_avx512(int dtype, int bits) {
+    (void)dtype;
+    (void)bits;
+    return NULL;
+}
+qw_r8_fn qw_r8_kernel_avx512w(int dtype, int bits) {
     (void)dtype;
     (void)bits;
     return NULL;

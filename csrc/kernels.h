@@ -31,6 +31,12 @@ void qw_fdot_rows_avx2(int dtype, const uint8_t *w, size_t stride, int rows, con
 #define QW_R8_MAX_M 16
 typedef void (*qw_r8_fn)(const uint8_t *group, int64_t K, const uint8_t *xq, size_t xstride, int64_t M, float *out);
 
+/* The pair kernels (qw_r8_kernel_pairs) take the same product with the act rows as pair rows:
+ * act rows 2p and 2p + 1 interleaved 4 bytes at a time (their first 4 bytes, the second's first
+ * 4, their next 4, ...; a row's fields are all 4-byte units, per 32-value block), pair p at
+ * xq + p * xstride. When M is odd the last pair's second row is anything (its outputs are not
+ * written). */
+
 /* Decode streams every weight matrix from memory once per token, in runs of a few KiB (one 8-row
  * group's records, then the next group's), and the hardware prefetcher alone kept the integer
  * products near half of the machine's read bandwidth. So each 32-value sub-block of a record
@@ -45,13 +51,18 @@ static inline void qw_prefetch_share(const uint8_t *rec, int rec_bytes, int subs
 }
 
 /* intdot_avx2.c, intdot_avx512.c: the AVX2 and AVX-512 VNNI products per stored type and act
- * bits (NULL for other types; the AVX-512 ones give the AVX2 ones' bits). */
+ * bits, and the AVX-512 ones that take act rows in pairs in 512-bit vectors (NULL for other
+ * types; all give the AVX2 ones' bits). */
 qw_r8_fn qw_r8_kernel_avx2(int dtype, int bits);
 qw_r8_fn qw_r8_kernel_avx512(int dtype, int bits);
+qw_r8_fn qw_r8_kernel_avx512w(int dtype, int bits);
 
 /* intdot.c: the kernel for `dtype` (a stored type with an integer dot) on the current SIMD
  * setting, and the group layout's size. */
 qw_r8_fn qw_r8_kernel(int dtype, int bits);
+/* The pair kernel for `dtype` on the current SIMD setting, or NULL where that has none (then
+ * qw_r8_kernel's is the one). */
+qw_r8_fn qw_r8_kernel_pairs(int dtype, int bits);
 /* Bytes of one repacked 8-row group of K values (`dtype` the stored type). */
 size_t qw_r8_group_bytes(int dtype, int64_t K);
 /* Repack rows [0, n) (n <= 8) of stored type `dtype` at src (row stride `stride`) into one

@@ -1,6 +1,7 @@
 #include "matmul.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu.h"
 #include "fdot.h"
@@ -29,6 +30,8 @@ static _Thread_local float *tile_buf;
 static _Thread_local size_t tile_cap;
 static _Thread_local uint8_t *pack_buf;
 static _Thread_local size_t pack_cap;
+static _Thread_local uint8_t *pair_buf;
+static _Thread_local size_t pair_cap;
 
 static void *grow(void *buf, size_t *cap, size_t need) {
     if (need <= *cap) return buf;
@@ -40,16 +43,32 @@ static void *grow(void *buf, size_t *cap, size_t need) {
 }
 
 /* X's M rows as act rows (one layout for every integer type), each on its own cache lines, in
- * the calling thread's buffer; *stride = bytes per row. NULL when out of memory. */
-static const uint8_t *quantize_rows(int bits, const float *X, int64_t M, int64_t K, size_t *stride) {
-    size_t act = (qw_act_bytes(QW_Q8_0, K, bits) + 63) & ~(size_t)63;
+ * the calling thread's buffer; *stride = bytes per row. With `pairs`, as pair rows (kernels.h)
+ * instead, *stride = bytes per pair, the odd last row paired with itself. NULL when out of
+ * memory. */
+static const uint8_t *quantize_rows(int bits, const float *X, int64_t M, int64_t K, int pairs, size_t *stride) {
+    size_t used = qw_act_bytes(QW_Q8_0, K, bits), act = (used + 63) & ~(size_t)63;
     uint8_t *buf = grow(act_buf, &act_cap, act * (size_t)M);
     if (!buf) return NULL;
     act_buf = buf;
 #pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (M >= 16)
     for (int64_t m = 0; m < M; m++) qw_quantize_act(QW_Q8_0, X + m * K, buf + (size_t)m * act, K, bits);
     *stride = act;
-    return buf;
+    if (!pairs) return buf;
+    int64_t P = (M + 1) / 2;
+    uint8_t *pb = grow(pair_buf, &pair_cap, 2 * act * (size_t)P);
+    if (!pb) return NULL;
+    pair_buf = pb;
+    for (int64_t p = 0; p < P; p++) {
+        const uint8_t *a = buf + (size_t)(2 * p) * act, *b = 2 * p + 1 < M ? a + act : a;
+        uint8_t *d = pb + (size_t)p * 2 * act;
+        for (size_t o = 0; o < used; o += 4) {
+            memcpy(d + 2 * o, a + o, 4);
+            memcpy(d + 2 * o + 4, b + o, 4);
+        }
+    }
+    *stride = 2 * act;
+    return pb;
 }
 
 /* ---------------------------------------------------------------- one pass over a group
@@ -66,6 +85,7 @@ typedef struct {
     qw_r8_fn idot;        /* the integer product, or NULL for the float path */
     int base;             /* the stored type (W's type, or the one it was repacked from) */
     int repacked;         /* W is in the R8 layout */
+    int pairs;            /* idot is a pair kernel: the act rows are pair rows */
     size_t stride;        /* bytes per stored row; per 8-row group when repacked */
     int64_t rows;         /* rows per item */
     int64_t first;        /* index of the product's first item in the group */
@@ -145,7 +165,9 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
         int64_t mb = m1 - m < QW_R8_MAX_M ? m1 - m : QW_R8_MAX_M;
         for (int64_t g0 = n0; g0 < n0 + nb; g0 += 8) {
             int rows = n0 + nb - g0 < 8 ? (int)(n0 + nb - g0) : 8;
-            pl->idot(groups + (size_t)((g0 - n0) / 8) * gb, K, xq + (size_t)m * xstride, xstride, mb, out);
+            /* m is a multiple of QW_R8_MAX_M, so even: pair m / 2 starts there */
+            pl->idot(groups + (size_t)((g0 - n0) / 8) * gb, K, xq + (size_t)(pl->pairs ? m / 2 : m) * xstride, xstride,
+                     mb, out);
             for (int64_t i = 0; i < mb; i++)
                 for (int r = 0; r < rows; r++)
                     p->Y[(m + i) * p->N + g0 + r] = out[i * 8 + r] + (p->bias ? p->bias[g0 + r] : 0.0f);
@@ -162,8 +184,8 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
  * rounds badly (one is left with a long round while the other finishes a short one). */
 #define ACT_ROUND_BYTES (1024 * 1024)
 
-static int64_t act_round_rows(size_t xstride, int64_t M) {
-    int64_t rounds = (int64_t)(((size_t)M * xstride + ACT_ROUND_BYTES - 1) / ACT_ROUND_BYTES);
+static int64_t act_round_rows(size_t row_bytes, int64_t M) {
+    int64_t rounds = (int64_t)(((size_t)M * row_bytes + ACT_ROUND_BYTES - 1) / ACT_ROUND_BYTES);
     int64_t per = (M + rounds - 1) / rounds;
     per = (per + QW_R8_MAX_M - 1) / QW_R8_MAX_M * QW_R8_MAX_M;
     return per < M ? per : M;
@@ -184,17 +206,20 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     size_t pack_bytes = 0;
     const uint8_t *xq = NULL;
     size_t xstride = 0;
+    /* several act rows go in pairs where the SIMD path has pair kernels */
+    int pairs = act && M >= 2 && qw_r8_kernel_pairs(QW_Q8_0, act) != NULL;
     for (int i = 0; i < count; i++) {
         pl[i].p = &p[i];
         pl[i].repacked = p[i].dtype >= QW_R8;
         pl[i].base = pl[i].repacked ? p[i].dtype - QW_R8 : p[i].dtype;
-        pl[i].idot = act ? qw_r8_kernel(pl[i].base, act) : NULL;
+        pl[i].pairs = pairs;
+        pl[i].idot = !act ? NULL : pairs ? qw_r8_kernel_pairs(pl[i].base, act) : qw_r8_kernel(pl[i].base, act);
         pl[i].stride = qw_row_bytes(p[i].dtype, K);
         if (pl[i].idot) {
             pl[i].rows = ROW_CHUNK;
             size_t item_bytes = qw_r8_group_bytes(pl[i].base, K) * (ROW_CHUNK / 8);
             if (!pl[i].repacked && item_bytes > pack_bytes) pack_bytes = item_bytes;
-            if (!xq && !(xq = quantize_rows(act, X, M, K, &xstride))) return QW_ENOMEM;
+            if (!xq && !(xq = quantize_rows(act, X, M, K, pairs, &xstride))) return QW_ENOMEM;
             pl[i].first = round_items;
             round_items += (p[i].N + pl[i].rows - 1) / pl[i].rows;
         } else {
@@ -209,7 +234,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     }
     /* items: the float products' tiles (each over all M rows), then the integer products'
      * chunks round by round */
-    int64_t round_rows = xq ? act_round_rows(xstride, M) : M;
+    int64_t round_rows = xq ? act_round_rows(pairs ? xstride / 2 : xstride, M) : M;
     int64_t rounds = round_items ? (M + round_rows - 1) / round_rows : 0;
     int64_t items = float_items + rounds * round_items;
     int failed = 0;

@@ -17,6 +17,7 @@ cdef extern from "cpu.h":
     int qw_set_simd(int enabled) nogil
     int qw_simd_level() nogil
     int qw_cpu_simd_level() nogil
+    int qw_default_simd_level() nogil
     int qw_set_simd_level(int level) nogil
     int qw_get_threads() nogil
     void qw_set_threads(int n) nogil

@@ -35,6 +35,7 @@ cdef extern from "cpu.h":
     int qw_set_simd(int enabled)
     int qw_simd_level()
     int qw_cpu_simd_level()
+    int qw_default_simd_level()
     int qw_set_simd_level(int level)
     int qw_use_avx2()
     int qw_get_threads() nogil

@@ -1,6 +1,6 @@
-# Included by _ops.pyx and _quant.pyx, each of which declares qw_simd_level, qw_cpu_simd_level and
-# qw_set_simd_level from cpu.h.
-SIMD_PATHS = ("plain", "avx2", "avx512")
+# Included by _ops.pyx and _quant.pyx, each of which declares qw_simd_level, qw_cpu_simd_level,
+# qw_default_simd_level and qw_set_simd_level from cpu.h.
+SIMD_PATHS = ("plain", "avx2", "avx512", "avx512w")
 
 
 def simd_paths():
@@ -9,9 +9,16 @@ def simd_paths():
 
 
 def simd_path():
-    """The path the kernels take now: "plain", "avx2" or "avx512" (AVX2 with the AVX-512 VNNI
-    integer products)."""
+    """The path the kernels take now: "plain", "avx2", "avx512" (AVX2 with the AVX-512 VNNI
+    integer products on 256-bit vectors) or "avx512w" (those of several act rows on 512-bit
+    vectors, two rows per vector)."""
     return SIMD_PATHS[qw_simd_level()]
+
+
+def default_simd_path():
+    """The path this CPU takes unless told otherwise (on AVX-512 CPUs: "avx512w" on Intel's,
+    "avx512" on others)."""
+    return SIMD_PATHS[qw_default_simd_level()]
 
 
 def set_simd_path(path):

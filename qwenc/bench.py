@@ -45,7 +45,9 @@ def kernel_path() -> str:
     """The SIMD path the kernels take on this CPU, in words."""
     from . import _ops
     return {"plain": "plain C", "avx2": "AVX2+FMA+F16C",
-            "avx512": "AVX2+FMA+F16C, AVX-512 VNNI integer products and AVX-512 attention"}[_ops.simd_path()]
+            "avx512": "AVX2+FMA+F16C, AVX-512 VNNI integer products and AVX-512 attention",
+            "avx512w": "AVX2+FMA+F16C, AVX-512 VNNI integer products (512-bit for several act rows) and "
+                       "AVX-512 attention"}[_ops.simd_path()]
 
 
 def roofline(model):

@@ -1,5 +1,8 @@
 """The AVX-512 VNNI integer products (csrc/intdot_avx512.c), run on any CPU through SIMDe.
 
+Both kinds: on 256-bit vectors, and the wide ones that take act rows two at a time in 512-bit
+vectors (with a lone row, or the odd one out, on the 256-bit loop).
+
 The file is compiled here a second time, against SIMD Everywhere's portable implementations of
 the AVX-512 intrinsics (QW_SIMDE; the `simde-py` package ships the headers), into a small
 library with a test entry point (tests/avx512_harness.c). Its products on repacked weights must
@@ -39,14 +42,26 @@ def lib(tmp_path_factory):
     assert r.returncode == 0, r.stderr
     lib = ctypes.CDLL(str(out))
     lib.qw_test_r8_avx512.restype = ctypes.c_int
-    lib.qw_test_r8_avx512.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                      ctypes.c_size_t, ctypes.c_int64, ctypes.c_void_p]
+    lib.qw_test_r8_avx512.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                      ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_void_p]
     return lib
 
 
-def avx512_product(lib, dtype, bits, group, K, xq, M):
-    out = np.empty((M, 8), np.float32)
-    rc = lib.qw_test_r8_avx512(dtype, bits, group.ctypes.data, K, xq.ctypes.data, xq.shape[1], M, out.ctypes.data)
+def pair_rows(xq):
+    """Act rows as the wide kernels take them (csrc/kernels.h): rows 2p and 2p + 1 interleaved 4
+    bytes at a time, an odd last row paired with itself."""
+    rows = xq.view(np.uint32)
+    if len(rows) % 2:
+        rows = np.concatenate([rows, rows[-1:]])
+    return np.ascontiguousarray(np.stack([rows[0::2], rows[1::2]], axis=2).reshape(len(rows) // 2, -1).view(np.uint8))
+
+
+def avx512_product(lib, dtype, bits, group, K, xq, M, wide=False):
+    out = np.full((M, 8), np.nan, np.float32)
+    if wide:
+        xq = pair_rows(xq)
+    rc = lib.qw_test_r8_avx512(dtype, bits, int(wide), group.ctypes.data, K, xq.ctypes.data, xq.shape[1], M,
+                               out.ctypes.data)
     assert rc == 0
     return out
 
@@ -64,23 +79,25 @@ def avx2():
 @pytest.mark.skipif(sys.platform == "win32", reason="builds a shared library with the system C compiler")
 @pytest.mark.parametrize("name", BLOCK_TYPES)
 @pytest.mark.parametrize("bits", [8, 16])
-def test_avx512_products_equal_avx2(lib, avx2, name, bits):
+@pytest.mark.parametrize("wide", [False, True], ids=["256", "512"])
+def test_avx512_products_equal_avx2(lib, avx2, name, bits, wide):
     for K in K_CASES[name]:
         data = synthetic(name, 8, K, seed=K + bits).reshape(-1)
         packed, r8 = _ops.repack(data, CODE[name], 8, K)
-        for M in (1, 5, 16):
+        for M in (1, 2, 5, 16):
             x = np.ascontiguousarray(act_inputs(K, np.random.default_rng(M))[np.arange(M) % 4]
                                      * np.float32(1 + np.arange(M)[:, None]))
             want = np.empty((M, 8), np.float32)
             _ops.matmul(packed, r8, 8, K, x, want, None, bits)
             xq = np.ascontiguousarray(_quant.quantize_activations(x, CODE[name], bits=bits))
-            got = avx512_product(lib, CODE[name], bits, packed, K, xq, M)
+            got = avx512_product(lib, CODE[name], bits, packed, K, xq, M, wide)
             assert np.isfinite(want).all()
-            np.testing.assert_array_equal(got, want, err_msg=f"{name} int{bits} K={K} M={M}")
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} int{bits} K={K} M={M} wide={wide}")
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="builds a shared library with the system C compiler")
-def test_falsifier_a_changed_code_is_seen(lib, avx2):
+@pytest.mark.parametrize("wide", [False, True], ids=["256", "512"])
+def test_falsifier_a_changed_code_is_seen(lib, avx2, wide):
     """The comparison above sees one code changed in the repacked weights."""
     K = 256
     data = synthetic("Q5_0", 8, K, seed=1).reshape(-1)
@@ -91,5 +108,5 @@ def test_falsifier_a_changed_code_is_seen(lib, avx2):
     _ops.matmul(packed, r8, 8, K, x, want, None, 8)
     bad = packed.copy()
     bad[100] ^= 0x01  # a nibble of the first record's codes
-    assert not np.array_equal(avx512_product(lib, CODE["Q5_0"], 8, bad, K, xq, 4), want)
-    np.testing.assert_array_equal(avx512_product(lib, CODE["Q5_0"], 8, packed, K, xq, 4), want)
+    assert not np.array_equal(avx512_product(lib, CODE["Q5_0"], 8, bad, K, xq, 4, wide), want)
+    np.testing.assert_array_equal(avx512_product(lib, CODE["Q5_0"], 8, packed, K, xq, 4, wide), want)

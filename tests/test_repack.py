@@ -165,3 +165,31 @@ def test_falsifier_a_moved_code_is_caught(name):
     bad = packed.copy()
     bad[-1] ^= 0x11  # a code byte of the last record (codes come last in every record)
     assert not bits_equal(_quant.dequantize(bad, r8, N, K), want)
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+@pytest.mark.parametrize("bits", [8, 16])
+def test_simd_paths_give_the_same_bits(name, bits):
+    """Every SIMD path of this CPU (AVX2, AVX-512 on 256-bit vectors, AVX-512 with act rows in
+    pairs on 512-bit ones) gives the same bits for any number of act rows, odd ones included:
+    the block sums are exact integers on all of them and the float work after them the same. On
+    an AVX2-only CPU this runs AVX2 twice (test_avx512.py checks the AVX-512 kernels there)."""
+    paths = [p for p in _ops.simd_paths() if p != "plain"]
+    paths = paths if len(paths) > 1 else paths * 2
+    N, K = 13, K_CASES[name][-1]
+    data = synthetic(name, N, K, seed=7).reshape(-1)
+    packed, r8 = _ops.repack(data, CODE[name], N, K)
+    x = np.ascontiguousarray(act_inputs(K, np.random.default_rng(8))[np.arange(40) % 4]
+                             * np.float32(1 + np.arange(40)[:, None] % 7))
+    prev = _ops.simd_path()
+    try:
+        for M in (1, 2, 3, 16, 17, 40):
+            outs = {}
+            for p in paths:
+                _ops.set_simd_path(p)
+                outs[p] = np.full((M, N), np.nan, np.float32)
+                _ops.matmul(packed, r8, N, K, x[:M], outs[p], None, bits)
+            for p in paths[1:]:
+                assert bits_equal(outs[p], outs[paths[0]]), (name, bits, M, p)
+    finally:
+        _ops.set_simd_path(prev)
