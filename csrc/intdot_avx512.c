@@ -144,8 +144,7 @@ R8_TARGET INLINE __m512i block_sum_pair(int T, const __m512i C[8], const uint8_t
 R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *g, int64_t K, const uint8_t *xq,
                                     size_t xstride, int64_t M, float *out) {
     const int bs = IS_K(T) ? 256 : 32, subs = bs / 32, levels = BITS == 16 ? 2 : 1;
-    const int rb = T == QW_Q4_0 ? 144 : T == QW_Q4_1 ? 160 : T == QW_Q5_0 ? 176 : T == QW_Q5_1 ? 192 :
-                   T == QW_Q8_0 ? 272 : T == QW_Q4_K ? 1184 : T == QW_Q5_K ? 1440 : 1680;
+    const int rb = record_bytes(T);
     const int has_min = T == QW_Q4_1 || T == QW_Q5_1 || T == QW_Q4_K || T == QW_Q5_K;
     const size_t half = ACT_HALF(K);
     const int64_t P = (M + 1) / 2;
@@ -161,28 +160,10 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
             qw_prefetch_share(rec, rb, subs, j);
-            __m256i c[8], k = _mm256_setzero_si256(), kb = k, kab = k;
-            switch (T) {
-            case QW_Q4_0: case QW_Q4_1: unpack_nibbles8(rec + (T == QW_Q4_0 ? 16 : 32), c); break;
-            case QW_Q5_0: unpack_nibbles8(rec + 48, c); add_fifth_bits(rec + 16, c); break;
-            case QW_Q5_1: unpack_nibbles8(rec + 64, c); add_fifth_bits(rec + 32, c); break;
-            case QW_Q8_0: unpack_q8(rec + 16, c); break;
-            case QW_Q4_K: case QW_Q5_K:
-                if (T == QW_Q4_K)
-                    unpack_nibbles8(rec + 160 + 128 * j, c);
-                else {
-                    unpack_nibbles8(rec + 416 + 128 * j, c);
-                    add_fifth_bits(rec + 160 + 32 * j, c);
-                }
-                scale_factors(T, rec + 32 + 8 * j, kab, &k, &kb);
-                Mv = dup32_ps(_mm256_mul_ps(Dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 96 + 8 * j))))));
-                break;
-            default:
-                unpack_nibbles8(rec + 656 + 128 * j, c);
-                add_high_bits(rec + 144 + 64 * j, c);
-                kab = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rec + 16 + 16 * j)));
-                scale_factors(T, NULL, kab, &k, &kb);
-            }
+            __m256i c[8], k, kb, kab;
+            __m256 Mj = _mm256_setzero_ps();
+            unpack_sub(T, rec, j, Dmin, c, &k, &kb, &kab, &Mj);
+            if (T == QW_Q4_K || T == QW_Q5_K) Mv = dup32_ps(Mj);
             __m512i C[8];
             for (int s = 0; s < 8; s++) C[s] = dup32(c[s]);
             const __m512i K16 = dup32(k), KB16 = dup32(kb), KAB16 = dup32(kab);
@@ -220,20 +201,12 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
         product_pairs(T, BITS, g, K, xq, xs, M, out);                                                           \
     }
 #define WIDES(T, NAME) WIDE(T, NAME, 8) WIDE(T, NAME, 16)
-WIDES(QW_Q4_0, q4_0)
-WIDES(QW_Q4_1, q4_1)
-WIDES(QW_Q5_0, q5_0)
-WIDES(QW_Q5_1, q5_1)
-WIDES(QW_Q8_0, q8_0)
-WIDES(QW_Q4_K, q4_k)
-WIDES(QW_Q5_K, q5_k)
-WIDES(QW_Q6_K, q6_k)
+R8_TYPES(WIDES)
 
 qw_r8_fn qw_r8_kernel_avx512w(int dtype, int bits) {
 #define CASE(T, NAME) case T: return bits == 16 ? r8w_##NAME##_16 : r8w_##NAME##_8;
     switch (dtype) {
-    CASE(QW_Q4_0, q4_0) CASE(QW_Q4_1, q4_1) CASE(QW_Q5_0, q5_0) CASE(QW_Q5_1, q5_1)
-    CASE(QW_Q8_0, q8_0) CASE(QW_Q4_K, q4_k) CASE(QW_Q5_K, q5_k) CASE(QW_Q6_K, q6_k)
+    R8_TYPES(CASE)
     default: return NULL;
     }
 #undef CASE

@@ -99,11 +99,45 @@ R8_TARGET INLINE __m256i block_sum(int T, const __m256i c[8], const int8_t *x, c
 
 #define IS_K(T) ((T) == QW_Q4_K || (T) == QW_Q5_K || (T) == QW_Q6_K)
 
+/* Bytes of one record (a block of 8 rows; intdot.c's layouts). */
+INLINE int record_bytes(const int T) {
+    return T == QW_Q4_0 ? 144 : T == QW_Q4_1 ? 160 : T == QW_Q5_0 ? 176 : T == QW_Q5_1 ? 192 :
+           T == QW_Q8_0 ? 272 : T == QW_Q4_K ? 1184 : T == QW_Q5_K ? 1440 : 1680;
+}
+
+/* Sub-block j of record rec unpacked: its 8 step vectors c and, for the k-quants, the scale
+ * factors (block_sum's k, kb, kab) and, for Q4_K and Q5_K, each row's min factor Dmin min_j
+ * into *Mv (left as it is for the other types). */
+R8_TARGET INLINE void unpack_sub(const int T, const uint8_t *rec, int j, __m256 Dmin, __m256i c[8], __m256i *k,
+                                 __m256i *kb, __m256i *kab, __m256 *Mv) {
+    *k = *kb = *kab = _mm256_setzero_si256();
+    switch (T) {
+    case QW_Q4_0: case QW_Q4_1: unpack_nibbles8(rec + (T == QW_Q4_0 ? 16 : 32), c); break;
+    case QW_Q5_0: unpack_nibbles8(rec + 48, c); add_fifth_bits(rec + 16, c); break;
+    case QW_Q5_1: unpack_nibbles8(rec + 64, c); add_fifth_bits(rec + 32, c); break;
+    case QW_Q8_0: unpack_q8(rec + 16, c); break;
+    case QW_Q4_K: case QW_Q5_K:
+        if (T == QW_Q4_K)
+            unpack_nibbles8(rec + 160 + 128 * j, c);
+        else {
+            unpack_nibbles8(rec + 416 + 128 * j, c);
+            add_fifth_bits(rec + 160 + 32 * j, c);
+        }
+        scale_factors(T, rec + 32 + 8 * j, *kab, k, kb);
+        *Mv = _mm256_mul_ps(Dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 96 + 8 * j)))));
+        break;
+    default: /* Q6_K: (sc_a, sc_b) per row as 16-bit pairs */
+        unpack_nibbles8(rec + 656 + 128 * j, c);
+        add_high_bits(rec + 144 + 64 * j, c);
+        *kab = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rec + 16 + 16 * j)));
+        scale_factors(T, NULL, *kab, k, kb);
+    }
+}
+
 R8_TARGET INLINE void product(const int T, const int BITS, const uint8_t *g, int64_t K, const uint8_t *xq,
                               size_t xstride, int64_t M, float *out) {
     const int bs = IS_K(T) ? 256 : 32, subs = bs / 32, levels = BITS == 16 ? 2 : 1;
-    const int rb = T == QW_Q4_0 ? 144 : T == QW_Q4_1 ? 160 : T == QW_Q5_0 ? 176 : T == QW_Q5_1 ? 192 :
-                   T == QW_Q8_0 ? 272 : T == QW_Q4_K ? 1184 : T == QW_Q5_K ? 1440 : 1680;
+    const int rb = record_bytes(T);
     const int has_min = T == QW_Q4_1 || T == QW_Q5_1 || T == QW_Q4_K || T == QW_Q5_K;
     const size_t half = ACT_HALF(K);
     __m256 acc[QW_R8_MAX_M], macc[QW_R8_MAX_M];
@@ -117,28 +151,8 @@ R8_TARGET INLINE void product(const int T, const int BITS, const uint8_t *g, int
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
             qw_prefetch_share(rec, rb, subs, j);
-            __m256i c[8], k = _mm256_setzero_si256(), kb = k, kab = k;
-            switch (T) {
-            case QW_Q4_0: case QW_Q4_1: unpack_nibbles8(rec + (T == QW_Q4_0 ? 16 : 32), c); break;
-            case QW_Q5_0: unpack_nibbles8(rec + 48, c); add_fifth_bits(rec + 16, c); break;
-            case QW_Q5_1: unpack_nibbles8(rec + 64, c); add_fifth_bits(rec + 32, c); break;
-            case QW_Q8_0: unpack_q8(rec + 16, c); break;
-            case QW_Q4_K: case QW_Q5_K:
-                if (T == QW_Q4_K)
-                    unpack_nibbles8(rec + 160 + 128 * j, c);
-                else {
-                    unpack_nibbles8(rec + 416 + 128 * j, c);
-                    add_fifth_bits(rec + 160 + 32 * j, c);
-                }
-                scale_factors(T, rec + 32 + 8 * j, kab, &k, &kb);
-                Mv = _mm256_mul_ps(Dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 96 + 8 * j)))));
-                break;
-            default: /* Q6_K: (sc_a, sc_b) per row as 16-bit pairs */
-                unpack_nibbles8(rec + 656 + 128 * j, c);
-                add_high_bits(rec + 144 + 64 * j, c);
-                kab = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rec + 16 + 16 * j)));
-                scale_factors(T, NULL, kab, &k, &kb);
-            }
+            __m256i c[8], k, kb, kab;
+            unpack_sub(T, rec, j, Dmin, c, &k, &kb, &kab, &Mv);
             for (int64_t m = 0; m < M; m++) {
                 const int8_t *row = (const int8_t *)(xq + (size_t)m * xstride);
                 for (int lv = 0; lv < levels; lv++) {
@@ -169,21 +183,16 @@ R8_TARGET INLINE void product(const int T, const int BITS, const uint8_t *g, int
         else                                                                                                    \
             product(T, BITS, g, K, xq, xs, M, out);                                                             \
     }
+/* Every stored type with a kernel, as X(type, name): instantiates the kernels and their tables. */
+#define R8_TYPES(X) X(QW_Q4_0, q4_0) X(QW_Q4_1, q4_1) X(QW_Q5_0, q5_0) X(QW_Q5_1, q5_1) \
+                    X(QW_Q8_0, q8_0) X(QW_Q4_K, q4_k) X(QW_Q5_K, q5_k) X(QW_Q6_K, q6_k)
 #define KERNELS(T, NAME) KERNEL(T, NAME, 8) KERNEL(T, NAME, 16)
-KERNELS(QW_Q4_0, q4_0)
-KERNELS(QW_Q4_1, q4_1)
-KERNELS(QW_Q5_0, q5_0)
-KERNELS(QW_Q5_1, q5_1)
-KERNELS(QW_Q8_0, q8_0)
-KERNELS(QW_Q4_K, q4_k)
-KERNELS(QW_Q5_K, q5_k)
-KERNELS(QW_Q6_K, q6_k)
+R8_TYPES(KERNELS)
 
 qw_r8_fn R8_GETTER(int dtype, int bits) {
 #define CASE(T, NAME) case T: return bits == 16 ? r8_##NAME##_16 : r8_##NAME##_8;
     switch (dtype) {
-    CASE(QW_Q4_0, q4_0) CASE(QW_Q4_1, q4_1) CASE(QW_Q5_0, q5_0) CASE(QW_Q5_1, q5_1)
-    CASE(QW_Q8_0, q8_0) CASE(QW_Q4_K, q4_k) CASE(QW_Q5_K, q5_k) CASE(QW_Q6_K, q6_k)
+    R8_TYPES(CASE)
     default: return NULL;
     }
 #undef CASE
