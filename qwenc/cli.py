@@ -218,7 +218,7 @@ def cmd_bench(args):
     gbs = measure_bandwidth()
     roof = gbs * 1e9 / per_token
     print(format_table(rows))
-    print(f"\nkernels: {kernel_path()} (QWENC_SIMD=avx2 or 0 to compare)")
+    print(f"\nkernels: {kernel_path()} (QWENC_SIMD=avx512, avx2 or 0 to compare)")
     print(f"read bandwidth {gbs:.1f} GB/s (probe: a streaming read of 1 GB by the same threads); "
           f"{per_token / 1e9:.3f} GB of weights per token -> roofline {roof:.1f} tok/s")
     for mode, rate in tg_rates.items():
