@@ -33,9 +33,11 @@ int qw_cpu_has_avx512(void) {
 /* The highest path this CPU can run. */
 static int best_level(void) { return qw_cpu_has_avx512() ? 3 : qw_cpu_has_avx2() ? 1 : 0; }
 
-/* The path taken unless told otherwise. Intel's AVX-512 cores run a 512-bit vpdpbusd at the
- * rate of a 256-bit one, so the 512-bit products do twice the work per instruction there; Zen 4
- * splits a 512-bit operation in two, where the 256-bit ones were as fast or faster. */
+/* The path taken unless told otherwise. On an Intel Xeon (Sapphire Rapids class) 512-bit
+ * vpdpbusd did about twice the 256-bit one's byte products per second, and the pair kernels
+ * prefilled 1.3-1.4x faster. Zen 4 splits a 512-bit operation in two; an earlier 512-bit design
+ * was slower than the 256-bit kernels there, and the pair kernels are not measured there, so
+ * other CPUs keep the 256-bit path unless asked (QWENC_SIMD=avx512w). */
 static int default_level(void) {
     int best = best_level();
 #if QW_HAVE_X86

@@ -90,9 +90,10 @@ R8_TARGET INLINE __m256i block_sum(int T, const __m256i c[8], const int8_t *x, c
  * rows (kernels.h): two act rows interleaved 4 bytes at a time, so that a step's 4 + 4 codes, a
  * block's two scales and its two code-sum pairs are each one 64-bit broadcast load. A lane meets
  * the same integers and the same float operations in the same order as in the 256-bit kernels,
- * so every path still gives the same bits. On Intel cores, which run a 512-bit vpdpbusd at the
- * 256-bit one's rate, this does twice the products per instruction for prefill and batched
- * decode; a lone act row (decode) keeps the 256-bit loop and the plain act rows. */
+ * so every path still gives the same bits. This does twice the products per instruction for
+ * prefill and batched decode, which pays where a 512-bit vpdpbusd runs at about the 256-bit one's
+ * rate (the Intel Xeon measured, cpu.c); a lone act row (decode) keeps the 256-bit loop and the
+ * plain act rows. */
 
 R8_TARGET INLINE __m512i dup32(__m256i v) {
     return _mm512_permutexvar_epi32(_mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
@@ -122,13 +123,15 @@ R8_TARGET INLINE __m512i dot_steps_pair(const __m512i C[8], const uint8_t *x, in
     return _mm512_add_epi32(a, b);
 }
 
-/* block_sum for a pair: x the block's paired codes, bs its paired code sums. */
+/* block_sum for a pair: x the block's paired codes, bsp its paired code sums. The code offset
+ * of Q4_0 (8), Q5_0 (16) and Q8_0 (128) times each row's code sum comes off. */
 R8_TARGET INLINE __m512i block_sum_pair(int T, const __m512i C[8], const uint8_t *x, const uint8_t *bsp, __m512i k,
                                         __m512i kb, __m512i kab) {
     switch (T) {
-    case QW_Q4_0: return _mm512_sub_epi32(dot_steps_pair(C, x, 0, 8), _mm512_madd_epi16(bcast8(bsp), _mm512_set1_epi16(8)));
-    case QW_Q5_0: return _mm512_sub_epi32(dot_steps_pair(C, x, 0, 8), _mm512_madd_epi16(bcast8(bsp), _mm512_set1_epi16(16)));
-    case QW_Q8_0: return _mm512_sub_epi32(dot_steps_pair(C, x, 0, 8), _mm512_madd_epi16(bcast8(bsp), _mm512_set1_epi16(128)));
+    case QW_Q4_0: case QW_Q5_0: case QW_Q8_0: {
+        const short off = T == QW_Q4_0 ? 8 : T == QW_Q5_0 ? 16 : 128;
+        return _mm512_sub_epi32(dot_steps_pair(C, x, 0, 8), _mm512_madd_epi16(bcast8(bsp), _mm512_set1_epi16(off)));
+    }
     case QW_Q4_K: case QW_Q5_K: return _mm512_mullo_epi32(dot_steps_pair(C, x, 0, 8), k);
     case QW_Q6_K: {
         __m512i a = _mm512_mullo_epi32(dot_steps_pair(C, x, 0, 4), k);
@@ -145,7 +148,7 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
                                     size_t xstride, int64_t M, float *out) {
     const int bs = IS_K(T) ? 256 : 32, subs = bs / 32, levels = BITS == 16 ? 2 : 1;
     const int rb = record_bytes(T);
-    const int has_min = T == QW_Q4_1 || T == QW_Q5_1 || T == QW_Q4_K || T == QW_Q5_K;
+    const int has_min = HAS_MIN(T);
     const size_t half = ACT_HALF(K);
     const int64_t P = (M + 1) / 2;
     __m512 acc[QW_R8_MAX_M / 2], macc[QW_R8_MAX_M / 2];

@@ -98,6 +98,8 @@ R8_TARGET INLINE __m256i block_sum(int T, const __m256i c[8], const int8_t *x, c
  * acc = fma(I, D dx, acc) (and macc = fma(M, s, macc)) on the 8 rows' lanes. */
 
 #define IS_K(T) ((T) == QW_Q4_K || (T) == QW_Q5_K || (T) == QW_Q6_K)
+/* The types whose rows carry a min (Q4_1, Q5_1: added; Q4_K, Q5_K: subtracted). */
+#define HAS_MIN(T) ((T) == QW_Q4_1 || (T) == QW_Q5_1 || (T) == QW_Q4_K || (T) == QW_Q5_K)
 
 /* Bytes of one record (a block of 8 rows; intdot.c's layouts). */
 INLINE int record_bytes(const int T) {
@@ -138,7 +140,7 @@ R8_TARGET INLINE void product(const int T, const int BITS, const uint8_t *g, int
                               size_t xstride, int64_t M, float *out) {
     const int bs = IS_K(T) ? 256 : 32, subs = bs / 32, levels = BITS == 16 ? 2 : 1;
     const int rb = record_bytes(T);
-    const int has_min = T == QW_Q4_1 || T == QW_Q5_1 || T == QW_Q4_K || T == QW_Q5_K;
+    const int has_min = HAS_MIN(T);
     const size_t half = ACT_HALF(K);
     __m256 acc[QW_R8_MAX_M], macc[QW_R8_MAX_M];
     for (int64_t m = 0; m < M; m++) acc[m] = macc[m] = _mm256_setzero_ps();

@@ -51,24 +51,27 @@ static const uint8_t *quantize_rows(int bits, const float *X, int64_t M, int64_t
     uint8_t *buf = grow(act_buf, &act_cap, act * (size_t)M);
     if (!buf) return NULL;
     act_buf = buf;
-#pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (M >= 16)
-    for (int64_t m = 0; m < M; m++) qw_quantize_act(QW_Q8_0, X + m * K, buf + (size_t)m * act, K, bits);
-    *stride = act;
-    if (!pairs) return buf;
     int64_t P = (M + 1) / 2;
-    uint8_t *pb = grow(pair_buf, &pair_cap, 2 * act * (size_t)P);
-    if (!pb) return NULL;
-    pair_buf = pb;
+    uint8_t *pb = NULL;
+    if (pairs) {
+        if (!(pb = grow(pair_buf, &pair_cap, 2 * act * (size_t)P))) return NULL;
+        pair_buf = pb;
+    }
+    /* one pass: each pair's rows quantized, then (for the pair kernels) interleaved */
+#pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (M >= 16)
     for (int64_t p = 0; p < P; p++) {
-        const uint8_t *a = buf + (size_t)(2 * p) * act, *b = 2 * p + 1 < M ? a + act : a;
+        uint8_t *a = buf + (size_t)(2 * p) * act, *b = 2 * p + 1 < M ? a + act : a;
+        qw_quantize_act(QW_Q8_0, X + 2 * p * K, a, K, bits);
+        if (b != a) qw_quantize_act(QW_Q8_0, X + (2 * p + 1) * K, b, K, bits);
+        if (!pb) continue;
         uint8_t *d = pb + (size_t)p * 2 * act;
         for (size_t o = 0; o < used; o += 4) {
             memcpy(d + 2 * o, a + o, 4);
             memcpy(d + 2 * o + 4, b + o, 4);
         }
     }
-    *stride = 2 * act;
-    return pb;
+    *stride = pb ? 2 * act : act;
+    return pb ? pb : buf;
 }
 
 /* ---------------------------------------------------------------- one pass over a group
