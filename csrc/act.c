@@ -96,7 +96,8 @@ static void quantize_act_plain(const float *x, void *dst, int64_t n) {
 
 /* A 16-bit act row is two 8-bit act rows, level 1 then level 2 (see quant.h). With t = x / d:
  * q1 = round(t), q2 = round(256 (t - q1)) clamped to +-127, and level 2's scale is d / 256.
- * t - q1 and the product by 256 are exact in float32, so every path writes the same codes. */
+ * t - q1 and the product by 256 are exact in float32, so every path writes the same codes.
+ * Level 2's s is the whole row's: (d / 256) (256 sum q1 + sum q2). */
 static inline int8_t level2_code(float t, float a) {
     float r = round_even((t - a) * 256.0f);
     return (int8_t)(int)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
@@ -129,7 +130,7 @@ static void quantize_act16_plain(const float *x, void *dst, int64_t n) {
         bs2[2 * i] = (int16_t)sum_codes(q2, 16);
         bs2[2 * i + 1] = (int16_t)sum_codes(q2 + 16, 16);
         s[i] = d[i] * (float)(bs[2 * i] + bs[2 * i + 1]);
-        s2[i] = d2[i] * (float)(bs2[2 * i] + bs2[2 * i + 1]);
+        s2[i] = d2[i] * (float)(256 * (bs[2 * i] + bs[2 * i + 1]) + bs2[2 * i] + bs2[2 * i + 1]);
     }
 }
 
@@ -231,7 +232,7 @@ QW_TARGET_AVX2 static void quantize_act16_avx2(const float *x, void *dst, int64_
         bs2[2 * i + 1] = (int16_t)hi2;
         d2[i] = d[i] * (1.0f / 256.0f);
         s[i] = d[i] * (float)(lo + hi);
-        s2[i] = d2[i] * (float)(lo2 + hi2);
+        s2[i] = d2[i] * (float)(256 * (lo + hi) + lo2 + hi2);
     }
 }
 

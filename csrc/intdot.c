@@ -337,18 +337,12 @@ static void take_codes(const layout *t, const uint8_t *rec, record_codes *c) {
     }
 }
 
-/* I_b of row r for sub-block j against 32 act codes x. */
-static int32_t block_sum(const layout *t, const record_codes *c, int r, int j, const int8_t *x) {
+/* Row r's exact sum of codes times act codes x over values [v0, v0 + len) of sub-block j. */
+static int32_t code_sum(const record_codes *c, int r, int j, const int8_t *x, int v0, int len) {
     const int16_t *q = c->q[r] + 32 * j;
-    if (t->dtype == QW_Q6_K) {
-        int32_t a = 0, b = 0;
-        for (int v = 0; v < 16; v++) a += q[v] * x[v];
-        for (int v = 16; v < 32; v++) b += q[v] * x[v];
-        return c->sc[r][2 * j] * a + c->sc[r][2 * j + 1] * b;
-    }
     int32_t s = 0;
-    for (int v = 0; v < 32; v++) s += q[v] * x[v];
-    return t->dmin >= 0 ? c->sc[r][j] * s : s;
+    for (int v = v0; v < v0 + len; v++) s += q[v] * x[v];
+    return s;
 }
 
 static void product_plain(const layout *t, int bits, const uint8_t *g, int64_t K, const uint8_t *xq, size_t xstride,
@@ -356,23 +350,36 @@ static void product_plain(const layout *t, int bits, const uint8_t *g, int64_t K
     float acc[QW_R8_MAX_M][8] = {{0}}, macc[QW_R8_MAX_M][8] = {{0}};
     record_codes codes, *c = &codes;
     int subs = t->bs / 32, levels = bits == 16 ? 2 : 1, has_min = t->m >= 0 || t->dmin >= 0;
+    int groups = t->dtype == QW_Q6_K ? 2 : 1, len = 32 / groups; /* Q6_K: a scale per 16 values */
     for (int64_t i = 0; i < K / t->bs; i++) {
         take_codes(t, g + (size_t)i * (size_t)t->bytes, c);
         for (int j = 0; j < subs; j++) {
             int64_t b = i * subs + j;
-            for (int64_t m = 0; m < M; m++)
+            for (int64_t m = 0; m < M; m++) {
+                const int8_t *row = (const int8_t *)(xq + (size_t)m * xstride);
+                const int8_t *last = row + (size_t)(levels - 1) * ACT_HALF(K);
+                float dx = ACT_D(last, K)[b];
+                int32_t xs = 0; /* the act block's code sum, a 16-bit row's levels joined as 256 s1 + s2 */
                 for (int lv = 0; lv < levels; lv++) {
-                    const int8_t *row = (const int8_t *)(xq + (size_t)m * xstride) + (size_t)lv * ACT_HALF(K);
-                    const int8_t *x = row + 32 * b;
-                    float dx = ACT_D(row, K)[b];
-                    int32_t xs = 0;
-                    for (int v = 0; v < 32; v++) xs += x[v];
-                    float s = dx * (float)xs;
-                    for (int r = 0; r < 8; r++) {
-                        acc[m][r] = acc[m][r] + (float)block_sum(t, c, r, j, x) * (c->d[r] * dx);
-                        if (has_min) macc[m][r] = macc[m][r] + c->m[r][t->m >= 0 ? 0 : j] * s;
-                    }
+                    const int8_t *x = row + (size_t)lv * ACT_HALF(K) + 32 * b;
+                    int32_t ls = 0;
+                    for (int v = 0; v < 32; v++) ls += x[v];
+                    xs = 256 * xs + ls;
                 }
+                float s = dx * (float)xs;
+                for (int r = 0; r < 8; r++) {
+                    for (int h = 0; h < groups; h++) {
+                        int32_t I = 0;
+                        for (int lv = 0; lv < levels; lv++)
+                            I = 256 * I + code_sum(c, r, j, row + (size_t)lv * ACT_HALF(K) + 32 * b, h * len, len);
+                        float S = c->d[r];
+                        if (t->dtype == QW_Q6_K) S = S * (float)c->sc[r][2 * j + h];
+                        else if (t->dmin >= 0) S = S * (float)c->sc[r][j];
+                        acc[m][r] = acc[m][r] + (float)I * (S * dx);
+                    }
+                    if (has_min) macc[m][r] = macc[m][r] + c->m[r][t->m >= 0 ? 0 : j] * s;
+                }
+            }
         }
     }
     for (int64_t m = 0; m < M; m++)

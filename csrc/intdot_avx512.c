@@ -5,8 +5,7 @@
  * unsigned codes by the signed act codes and adds each row's 4 products into that row's 32-bit
  * lane, where AVX2 needs vpmaddubsw, a 16-bit add and (once per block) vpmaddwd. The lanes hold
  * the same exact integers, and the float work after them is shared, so both paths give the same
- * bits. A k-quant's sub-block scale is one vpmulld of the block sum instead of vpmaddwd's factor.
- * Q8_0's signed codes go in with 128 added (an XOR of the sign bit) and 128 times the act block's
+ * bits. Q8_0's signed codes go in with 128 added (an XOR of the sign bit) and 128 times the act block's
  * code sum comes off in integers.
  *
  * Why 256-bit vectors: an earlier version put two steps in one 512-bit vector, which needs the act
@@ -39,16 +38,6 @@
 #define R8_GETTER qw_r8_kernel_avx512
 #include "intdot_x86.h"
 
-/* Q4_K, Q5_K: the sub-block scale per row as a 32-bit lane; Q6_K: sc_a's and sc_b's. */
-R8_TARGET INLINE void scale_factors(int T, const uint8_t *sc, __m256i kab, __m256i *k, __m256i *kb) {
-    if (T == QW_Q6_K) {
-        *k = _mm256_srai_epi32(_mm256_slli_epi32(kab, 16), 16);
-        *kb = _mm256_srai_epi32(kab, 16);
-    } else {
-        *k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc));
-    }
-}
-
 /* Q8_0's codes made unsigned (code + 128); block_sum takes 128 times the act code sum off. */
 R8_TARGET INLINE void unpack_q8(const uint8_t *codes, __m256i c[8]) {
     for (int s = 0; s < 8; s++) c[s] = _mm256_xor_si256(load32(codes + 32 * s), _mm256_set1_epi8((char)0x80));
@@ -67,18 +56,15 @@ R8_TARGET INLINE __m256i dot_steps(const __m256i c[8], const int8_t *x, int firs
     return _mm256_add_epi32(a, b);
 }
 
-R8_TARGET INLINE __m256i block_sum(int T, const __m256i c[8], const int8_t *x, const int16_t *bs, __m256i k,
-                                   __m256i kb, __m256i kab) {
+R8_TARGET INLINE __m256i block_sum(int T, const __m256i c[8], const int8_t *x, const int16_t *bs, __m256i *second) {
     switch (T) {
     case QW_Q4_0: return _mm256_sub_epi32(dot_steps(c, x, 0, 8), offset_sums(bs, 8));
     case QW_Q5_0: return _mm256_sub_epi32(dot_steps(c, x, 0, 8), offset_sums(bs, 16));
     case QW_Q8_0: return _mm256_sub_epi32(dot_steps(c, x, 0, 8), offset_sums(bs, 128));
-    case QW_Q4_K: case QW_Q5_K: return _mm256_mullo_epi32(dot_steps(c, x, 0, 8), k);
-    case QW_Q6_K: {
-        __m256i a = _mm256_mullo_epi32(dot_steps(c, x, 0, 4), k), b = _mm256_mullo_epi32(dot_steps(c, x, 4, 4), kb);
-        return _mm256_sub_epi32(_mm256_add_epi32(a, b), q6_offsets(kab, bs));
-    }
-    default: return dot_steps(c, x, 0, 8); /* Q4_1, Q5_1 */
+    case QW_Q6_K:
+        *second = _mm256_sub_epi32(dot_steps(c, x, 4, 4), q6_offset(bs, 1));
+        return _mm256_sub_epi32(dot_steps(c, x, 0, 4), q6_offset(bs, 0));
+    default: return dot_steps(c, x, 0, 8); /* Q4_1, Q5_1, Q4_K, Q5_K */
     }
 }
 
@@ -123,22 +109,22 @@ R8_TARGET INLINE __m512i dot_steps_pair(const __m512i C[8], const uint8_t *x, in
     return _mm512_add_epi32(a, b);
 }
 
-/* block_sum for a pair: x the block's paired codes, bsp its paired code sums. The code offset
- * of Q4_0 (8), Q5_0 (16) and Q8_0 (128) times each row's code sum comes off. */
-R8_TARGET INLINE __m512i block_sum_pair(int T, const __m512i C[8], const uint8_t *x, const uint8_t *bsp, __m512i k,
-                                        __m512i kb, __m512i kab) {
+/* block_sum for a pair: x the block's paired codes, bsp its paired code sums (4 int16: the first
+ * row's two 16-value sums, then the second's). The code offset of Q4_0 (8), Q5_0 (16) and Q8_0
+ * (128) times each row's code sum comes off; Q6_K's second group goes to *second. */
+R8_TARGET INLINE __m512i block_sum_pair(int T, const __m512i C[8], const uint8_t *x, const uint8_t *bsp,
+                                        __m512i *second) {
     switch (T) {
     case QW_Q4_0: case QW_Q5_0: case QW_Q8_0: {
         const short off = T == QW_Q4_0 ? 8 : T == QW_Q5_0 ? 16 : 128;
         return _mm512_sub_epi32(dot_steps_pair(C, x, 0, 8), _mm512_madd_epi16(bcast8(bsp), _mm512_set1_epi16(off)));
     }
-    case QW_Q4_K: case QW_Q5_K: return _mm512_mullo_epi32(dot_steps_pair(C, x, 0, 8), k);
     case QW_Q6_K: {
-        __m512i a = _mm512_mullo_epi32(dot_steps_pair(C, x, 0, 4), k);
-        __m512i b = _mm512_mullo_epi32(dot_steps_pair(C, x, 4, 4), kb);
-        return _mm512_sub_epi32(_mm512_add_epi32(a, b), _mm512_slli_epi32(_mm512_madd_epi16(kab, bcast8(bsp)), 5));
+        const __m512i sums = bcast8(bsp);
+        *second = _mm512_sub_epi32(dot_steps_pair(C, x, 4, 4), _mm512_madd_epi16(sums, _mm512_set1_epi32(32 << 16)));
+        return _mm512_sub_epi32(dot_steps_pair(C, x, 0, 4), _mm512_madd_epi16(sums, _mm512_set1_epi32(32)));
     }
-    default: return dot_steps_pair(C, x, 0, 8); /* Q4_1, Q5_1 */
+    default: return dot_steps_pair(C, x, 0, 8); /* Q4_1, Q5_1, Q4_K, Q5_K */
     }
 }
 
@@ -155,32 +141,35 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
     for (int64_t p = 0; p < P; p++) acc[p] = macc[p] = _mm512_setzero_ps();
     for (int64_t i = 0; i < K / bs; i++) {
         const uint8_t *rec = g + (size_t)i * (size_t)rb;
-        const __m512 D = dup32_ps(f16x8(rec));
-        __m256 Dmin = _mm256_setzero_ps();
-        __m512 Mv = _mm512_setzero_ps();
-        if (T == QW_Q4_1 || T == QW_Q5_1) Mv = dup32_ps(f16x8(rec + 16));
+        const __m256 D = f16x8(rec);
+        __m256 Mv = _mm256_setzero_ps(), Dmin = _mm256_setzero_ps();
+        if (T == QW_Q4_1 || T == QW_Q5_1) Mv = f16x8(rec + 16);
         if (T == QW_Q4_K || T == QW_Q5_K) Dmin = f16x8(rec + 16);
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
             qw_prefetch_share(rec, rb, subs, j);
-            __m256i c[8], k, kb, kab;
-            __m256 Mj = _mm256_setzero_ps();
-            unpack_sub(T, rec, j, Dmin, c, &k, &kb, &kab, &Mj);
-            if (T == QW_Q4_K || T == QW_Q5_K) Mv = dup32_ps(Mj);
+            __m256i c[8];
+            __m256 S, Sb;
+            unpack_sub(T, rec, j, D, Dmin, c, &S, &Sb, &Mv);
             __m512i C[8];
             for (int s = 0; s < 8; s++) C[s] = dup32(c[s]);
-            const __m512i K16 = dup32(k), KB16 = dup32(kb), KAB16 = dup32(kab);
+            const __m512 S16 = dup32_ps(S), SB16 = dup32_ps(Sb), MV16 = dup32_ps(Mv);
             for (int64_t p = 0; p < P; p++) {
-                const uint8_t *pr = xq + (size_t)p * xstride;
-                for (int lv = 0; lv < levels; lv++) {
-                    const uint8_t *h = pr + 2 * (size_t)lv * half; /* as a plain half starting at h */
-                    const int8_t *hx = (const int8_t *)h;
-                    __m512i isum = block_sum_pair(T, C, PAIRED(h, hx + 32 * b), PAIRED(h, ACT_BSUMS(hx, K) + 2 * b), K16,
-                                                  KB16, KAB16);
-                    __m512 ddx = _mm512_mul_ps(D, _mm512_castsi512_ps(bcast8(PAIRED(h, ACT_D(hx, K) + b))));
-                    acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, acc[p]);
-                    if (has_min) macc[p] = _mm512_fmadd_ps(Mv, _mm512_castsi512_ps(bcast8(PAIRED(h, ACT_S(hx, K) + b))), macc[p]);
+                /* level 1 as a plain half starting at h1, the last level at hl */
+                const uint8_t *h1 = xq + (size_t)p * xstride, *hl = h1 + 2 * (size_t)(levels - 1) * half;
+                const int8_t *x1 = (const int8_t *)h1, *xl = (const int8_t *)hl;
+                __m512i ib = _mm512_setzero_si512(); /* Q6_K's second group */
+                __m512i ia = block_sum_pair(T, C, PAIRED(h1, x1 + 32 * b), PAIRED(h1, ACT_BSUMS(x1, K) + 2 * b), &ib);
+                if (levels == 2) {
+                    __m512i jb = _mm512_setzero_si512();
+                    __m512i ja = block_sum_pair(T, C, PAIRED(hl, xl + 32 * b), PAIRED(hl, ACT_BSUMS(xl, K) + 2 * b), &jb);
+                    ia = _mm512_add_epi32(_mm512_slli_epi32(ia, 8), ja);
+                    if (T == QW_Q6_K) ib = _mm512_add_epi32(_mm512_slli_epi32(ib, 8), jb);
                 }
+                const __m512 dx = _mm512_castsi512_ps(bcast8(PAIRED(hl, ACT_D(xl, K) + b)));
+                acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_mul_ps(S16, dx), acc[p]);
+                if (T == QW_Q6_K) acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_mul_ps(SB16, dx), acc[p]);
+                if (has_min) macc[p] = _mm512_fmadd_ps(MV16, _mm512_castsi512_ps(bcast8(PAIRED(hl, ACT_S(xl, K) + b))), macc[p]);
             }
         }
     }

@@ -4,7 +4,7 @@
  * Included once by intdot_avx2.c and once by intdot_avx512.c, which differ only in how a block's
  * 32 codes meet the act codes: vpmaddubsw + vpmaddwd on AVX2, vpdpbusd (AVX-512 VNNI on 256-bit
  * vectors) there. Before including it a file defines R8_TARGET (its target attribute) and
- * R8_GETTER (the name of its kernel table), and after it the three hooks declared below. Both
+ * R8_GETTER (the name of its kernel table), and after it the two hooks declared below. Both
  * give the same exact integer block sums, and the float work after them is this file's, so every
  * path gives the same bits. */
 #ifndef QWENC_INTDOT_X86_H
@@ -71,31 +71,29 @@ R8_TARGET INLINE __m256i offset_sums(const int16_t *bs, int off) {
     return _mm256_madd_epi16(_mm256_set1_epi32(pair), _mm256_set1_epi16((short)off));
 }
 
-/* Q6_K's offset: 32 (sc_a bsum_a + sc_b bsum_b) per row, kab holding (sc_a, sc_b) per row as
- * 16-bit pairs. */
-R8_TARGET INLINE __m256i q6_offsets(__m256i kab, const int16_t *bs) {
+/* Q6_K's offset of 16-value group g (0 or 1): 32 times the act group's code sum, in every lane
+ * (vpmaddwd of the broadcast (bsum_a, bsum_b) pair by (32, 0) or (0, 32)). */
+R8_TARGET INLINE __m256i q6_offset(const int16_t *bs, int g) {
     int32_t pair;
     memcpy(&pair, bs, 4);
-    return _mm256_slli_epi32(_mm256_madd_epi16(kab, _mm256_set1_epi32(pair)), 5);
+    return _mm256_madd_epi16(_mm256_set1_epi32(pair), _mm256_set1_epi32(g ? 32 << 16 : 32));
 }
 
 /* ---------------------------------------------------------------- the hooks
  *
- * scale_factors: a k-quant sub-block's per-row factors from its 8 scale bytes (Q4_K, Q5_K) or,
- *   for Q6_K, from kab (k for steps 0-3, kb for steps 4-7), in the form block_sum wants them.
  * unpack_q8: Q8_0's 8 steps of signed codes, as block_sum wants them.
  * block_sum: the 8 rows' exact sums of the block's codes times the 32 act codes at x, the code
- *   offsets (Q4_0, Q5_0, Q6_K) taken off with the act block's code sums bs. */
-R8_TARGET INLINE void scale_factors(int T, const uint8_t *sc, __m256i kab, __m256i *k, __m256i *kb);
+ *   offsets (Q4_0, Q5_0, Q6_K) taken off with the act block's code sums bs; for Q6_K the sum of
+ *   its first 16-value group, the second's going to *second. */
 R8_TARGET INLINE void unpack_q8(const uint8_t *codes, __m256i c[8]);
-R8_TARGET INLINE __m256i block_sum(int T, const __m256i c[8], const int8_t *x, const int16_t *bs, __m256i k,
-                                   __m256i kb, __m256i kab);
+R8_TARGET INLINE __m256i block_sum(int T, const __m256i c[8], const int8_t *x, const int16_t *bs, __m256i *second);
 
 /* ---------------------------------------------------------------- the product
  *
  * T and BITS are constants in each instantiation below, so every type test folds away. For each
- * record and sub-block: unpack once, then for each act row (and level) the block sums and
- * acc = fma(I, D dx, acc) (and macc = fma(M, s, macc)) on the 8 rows' lanes. */
+ * record and sub-block: unpack once, then for each act row its exact block sum I (a 16-bit row's
+ * two levels joined in integers, 256 I1 + I2) and acc = fma(I, S dx, acc) (and macc = fma(M, s,
+ * macc)) on the 8 rows' lanes. */
 
 #define IS_K(T) ((T) == QW_Q4_K || (T) == QW_Q5_K || (T) == QW_Q6_K)
 /* The types whose rows carry a min (Q4_1, Q5_1: added; Q4_K, Q5_K: subtracted). */
@@ -107,12 +105,18 @@ INLINE int record_bytes(const int T) {
            T == QW_Q8_0 ? 272 : T == QW_Q4_K ? 1184 : T == QW_Q5_K ? 1440 : 1680;
 }
 
-/* Sub-block j of record rec unpacked: its 8 step vectors c and, for the k-quants, the scale
- * factors (block_sum's k, kb, kab) and, for Q4_K and Q5_K, each row's min factor Dmin min_j
- * into *Mv (left as it is for the other types). */
-R8_TARGET INLINE void unpack_sub(const int T, const uint8_t *rec, int j, __m256 Dmin, __m256i c[8], __m256i *k,
-                                 __m256i *kb, __m256i *kab, __m256 *Mv) {
-    *k = *kb = *kab = _mm256_setzero_si256();
+/* 8 bytes (one per row) as floats. */
+R8_TARGET INLINE __m256 u8x8_ps(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* Sub-block j of record rec unpacked: its 8 step vectors c, each row's block scale S (D, times
+ * a k-quant's sub-block scale: products of an f16 and a 6- or 8-bit integer, exact in float32;
+ * for Q6_K its first 16-value group's, the second's in *Sb) and, for Q4_K and Q5_K, each row's
+ * min factor Dmin min_j into *Mv (left as it is for the other types). */
+R8_TARGET INLINE void unpack_sub(const int T, const uint8_t *rec, int j, __m256 D, __m256 Dmin, __m256i c[8],
+                                 __m256 *S, __m256 *Sb, __m256 *Mv) {
+    *S = *Sb = D;
     switch (T) {
     case QW_Q4_0: case QW_Q4_1: unpack_nibbles8(rec + (T == QW_Q4_0 ? 16 : 32), c); break;
     case QW_Q5_0: unpack_nibbles8(rec + 48, c); add_fifth_bits(rec + 16, c); break;
@@ -125,14 +129,16 @@ R8_TARGET INLINE void unpack_sub(const int T, const uint8_t *rec, int j, __m256 
             unpack_nibbles8(rec + 416 + 128 * j, c);
             add_fifth_bits(rec + 160 + 32 * j, c);
         }
-        scale_factors(T, rec + 32 + 8 * j, *kab, k, kb);
-        *Mv = _mm256_mul_ps(Dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 96 + 8 * j)))));
+        *S = _mm256_mul_ps(D, u8x8_ps(rec + 32 + 8 * j));
+        *Mv = _mm256_mul_ps(Dmin, u8x8_ps(rec + 96 + 8 * j));
         break;
-    default: /* Q6_K: (sc_a, sc_b) per row as 16-bit pairs */
+    default: { /* Q6_K: (sc_a, sc_b) per row as signed bytes */
         unpack_nibbles8(rec + 656 + 128 * j, c);
         add_high_bits(rec + 144 + 64 * j, c);
-        *kab = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rec + 16 + 16 * j)));
-        scale_factors(T, NULL, *kab, k, kb);
+        const __m256i kab = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rec + 16 + 16 * j)));
+        *S = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(kab, 16), 16)));
+        *Sb = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_srai_epi32(kab, 16)));
+    }
     }
 }
 
@@ -153,17 +159,24 @@ R8_TARGET INLINE void product(const int T, const int BITS, const uint8_t *g, int
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
             qw_prefetch_share(rec, rb, subs, j);
-            __m256i c[8], k, kb, kab;
-            unpack_sub(T, rec, j, Dmin, c, &k, &kb, &kab, &Mv);
+            __m256i c[8];
+            __m256 S, Sb;
+            unpack_sub(T, rec, j, D, Dmin, c, &S, &Sb, &Mv);
             for (int64_t m = 0; m < M; m++) {
                 const int8_t *row = (const int8_t *)(xq + (size_t)m * xstride);
-                for (int lv = 0; lv < levels; lv++) {
-                    const int8_t *xl = row + (size_t)lv * half;
-                    __m256i isum = block_sum(T, c, xl + 32 * b, ACT_BSUMS(xl, K) + 2 * b, k, kb, kab);
-                    __m256 ddx = _mm256_mul_ps(D, _mm256_broadcast_ss(ACT_D(xl, K) + b));
-                    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ddx, acc[m]);
-                    if (has_min) macc[m] = _mm256_fmadd_ps(Mv, _mm256_broadcast_ss(ACT_S(xl, K) + b), macc[m]);
+                const int8_t *xl = row + (size_t)(levels - 1) * half; /* the last level: its d and s */
+                __m256i ib = _mm256_setzero_si256(); /* Q6_K's second group */
+                __m256i ia = block_sum(T, c, row + 32 * b, ACT_BSUMS(row, K) + 2 * b, &ib);
+                if (levels == 2) {
+                    __m256i jb = _mm256_setzero_si256();
+                    __m256i ja = block_sum(T, c, xl + 32 * b, ACT_BSUMS(xl, K) + 2 * b, &jb);
+                    ia = _mm256_add_epi32(_mm256_slli_epi32(ia, 8), ja);
+                    if (T == QW_Q6_K) ib = _mm256_add_epi32(_mm256_slli_epi32(ib, 8), jb);
                 }
+                const __m256 dx = _mm256_broadcast_ss(ACT_D(xl, K) + b);
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(S, dx), acc[m]);
+                if (T == QW_Q6_K) acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_mul_ps(Sb, dx), acc[m]);
+                if (has_min) macc[m] = _mm256_fmadd_ps(Mv, _mm256_broadcast_ss(ACT_S(xl, K) + b), macc[m]);
             }
         }
     }

@@ -78,9 +78,9 @@ void qw_quantize_row_q8_0(const float *src, void *dst, int64_t n);
  * keeps the products within ~1e-5 of float arithmetic, still on 8-bit integer multiplies.
  * A 16-bit row is two 8-bit act rows of the layout above, one after the other: level 1 is the
  * 8-bit row of x (d = max|x| / 127, q1 = round(x / d)); level 2 has scale d / 256 and codes
- * q2 = round(256 (x / d - q1)), clamped to +-127, so x ~ d q1 + (d / 256) q2. Its s and bsums are
- * those of q2 and d / 256. The dot is the sum of the 8-bit dots with the two levels (the plain
- * kernels compute exactly that); the AVX2 kernels unpack each weight block once for both.
+ * q2 = round(256 (x / d - q1)), clamped to +-127, so x ~ d q1 + (d / 256) q2. Its bsums are
+ * those of q2; its s is the whole row's block value sum, (d / 256) (256 sum q1 + sum q2). The
+ * dot joins the two levels' integer block sums before any float work (the order below).
  *
  * Below, `bits` is 8 or 16. */
 
@@ -98,19 +98,25 @@ float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int 
  *
  * Every integer-mode output (weight row w, act row x) is computed in this order, by every path:
  *
- *   for each 32-value block b in order (a k-quant's sub-blocks in order):
+ *   for each 32-value block b in order (a k-quant's sub-blocks in order; Q6_K: each of a
+ *   sub-block's two 16-value groups in turn, each with its own scale):
  *       I_b = the block's exact integer sum of weight codes times act codes (offsets such as
- *             Q4_0's 8 taken off in integers; a k-quant's 6- or 8-bit scales multiplied in)
- *       acc = acc + I_b * (D_b * dx_b)       D_b the block's float32 scale (a k-quant's d),
- *                                            dx_b the act block's scale
+ *             Q4_0's 8 taken off in integers)
+ *       S_b = the block's float32 scale: D (a k-quant's d) times the k-quant's 6- or 8-bit
+ *             integer scale of the block (exact: an f16 times an 8-bit integer)
+ *       acc = acc + (float)I_b * (S_b * dx_b)      dx_b the act block's scale
  *       with mins: macc = macc + M_b * s_b   M_b: Q4_1/Q5_1's m, Q4_K/Q5_K's dmin * m_b
  *   result = acc + macc (Q4_1, Q5_1), acc - macc (Q4_K, Q5_K), acc (the others)
  *
- * 16-bit act rows take each block's two levels in turn: acc gets I1 * (D dx1) then I2 * (D dx2),
- * macc gets M s1 then M s2. The AVX2 path forms each `acc + I * (D dx)` with one fused
- * multiply-add, the plain path with a multiply and an add; everything else is the same. Integer
- * sums are exact however they are formed, so kernels may group the integer work as they like
- * (many rows at once, several activation rows per unpacked block) without changing a bit.
+ * A 16-bit act row is d2 = d / 256 times the codes 256 q1 + q2: its two levels join in integers,
+ * I_b = 256 I1_b + I2_b, with dx_b = d2 and s_b = level 2's s (d2 (256 sum q1 + sum q2)), so a
+ * block costs one float update as with 8 bits. No integer can overflow: |256 q1 + q2| <= 32639,
+ * and a block sum is at most 32 x 255 x 32639 < 2^28. (float)I_b rounds to nearest where |I_b|
+ * passes 2^24 (Q5_1, Q5_K and Q8_0 with 16-bit rows). The SIMD paths form each
+ * `acc + I * (S dx)` with one fused multiply-add, the plain path with a multiply and an add;
+ * everything else is the same. Integer sums are exact however they are formed, so kernels may
+ * group the integer work as they like (many rows at once, several activation rows per unpacked
+ * block) without changing a bit.
  *
  * ---------------------------------------------------------------- row-interleaved layouts
  *

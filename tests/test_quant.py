@@ -740,7 +740,8 @@ def test_matmul_activation_modes_bit_for_bit():
 
 def expected_act16_level2(x):
     """Level-2 codes, d, s and bsums from numpy float32 arithmetic: with t = x * (1 / d) as level 1
-    computes it, q2 = clip(rint(256 (t - rint(t))), -127, 127)."""
+    computes it, q2 = clip(rint(256 (t - rint(t))), -127, 127); s is the whole row's block value
+    sum, d2 (256 sum q1 + sum q2)."""
     q1, d, _, _ = expected_act(x)
     xb = x.astype(np.float32).reshape(-1, 32)
     tiny = d == 0
@@ -750,7 +751,7 @@ def expected_act16_level2(x):
     r = ((t - np.rint(t)) * np.float32(256)).astype(np.float32)
     q2 = np.clip(np.rint(r), -127, 127).astype(np.int64)
     d2 = (d * np.float32(1 / 256)).astype(np.float32)
-    s2 = (d2 * q2.sum(axis=1).astype(np.float32)).astype(np.float32)
+    s2 = (d2 * (256 * q1.reshape(-1, 32).sum(axis=1) + q2.sum(axis=1)).astype(np.float32)).astype(np.float32)
     return q2.reshape(-1), d2, s2, q2.reshape(-1, 16).sum(axis=1)
 
 
