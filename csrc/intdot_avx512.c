@@ -154,6 +154,9 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
             __m512i C[8];
             for (int s = 0; s < 8; s++) C[s] = dup32(c[s]);
             const __m512 S16 = dup32_ps(S), SB16 = dup32_ps(Sb), MV16 = dup32_ps(Mv);
+            /* unrolled, so that with P a constant (below) each pair's sums stay in registers
+             * instead of a stack slot read and written per block: +5-25% per product measured */
+#pragma GCC unroll 8
             for (int64_t p = 0; p < P; p++) {
                 /* level 1 as a plain half starting at h1, the last level at hl */
                 const uint8_t *h1 = xq + (size_t)p * xstride, *hl = h1 + 2 * (size_t)(levels - 1) * half;
@@ -190,7 +193,13 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
 #define WIDE(T, NAME, BITS)                                                                                     \
     R8_TARGET static void r8w_##NAME##_##BITS(const uint8_t *g, int64_t K, const uint8_t *xq, size_t xs,         \
                                               int64_t M, float *out) {                                          \
-        product_pairs(T, BITS, g, K, xq, xs, M, out);                                                           \
+        /* the row counts of full calls (prefill's rounds of 16, a batch of 8) as constants */                \
+        if (M == 16)                                                                                            \
+            product_pairs(T, BITS, g, K, xq, xs, 16, out);                                                      \
+        else if (M == 8)                                                                                        \
+            product_pairs(T, BITS, g, K, xq, xs, 8, out);                                                       \
+        else                                                                                                    \
+            product_pairs(T, BITS, g, K, xq, xs, M, out);                                                       \
     }
 #define WIDES(T, NAME) WIDE(T, NAME, 8) WIDE(T, NAME, 16)
 R8_TYPES(WIDES)
