@@ -142,6 +142,20 @@ R8_TARGET INLINE void unpack_sub(const int T, const uint8_t *rec, int j, __m256 
     }
 }
 
+/* An act row's exact sum for block b: level 1's (row x1) and, for a 16-bit row, level 2's (at
+ * xl) joined as 256 I1 + I2; Q6_K's second group likewise into *ib. */
+R8_TARGET INLINE __m256i row_sum(const int T, const int levels, const __m256i c[8], const int8_t *x1,
+                                 const int8_t *xl, int64_t K, int64_t b, __m256i *ib) {
+    __m256i ia = block_sum(T, c, x1 + 32 * b, ACT_BSUMS(x1, K) + 2 * b, ib);
+    if (levels == 2) {
+        __m256i jb = _mm256_setzero_si256();
+        __m256i ja = block_sum(T, c, xl + 32 * b, ACT_BSUMS(xl, K) + 2 * b, &jb);
+        ia = _mm256_add_epi32(_mm256_slli_epi32(ia, 8), ja);
+        if (T == QW_Q6_K) *ib = _mm256_add_epi32(_mm256_slli_epi32(*ib, 8), jb);
+    }
+    return ia;
+}
+
 R8_TARGET INLINE void product(const int T, const int BITS, const uint8_t *g, int64_t K, const uint8_t *xq,
                               size_t xstride, int64_t M, float *out) {
     const int bs = IS_K(T) ? 256 : 32, subs = bs / 32, levels = BITS == 16 ? 2 : 1;
@@ -166,13 +180,7 @@ R8_TARGET INLINE void product(const int T, const int BITS, const uint8_t *g, int
                 const int8_t *row = (const int8_t *)(xq + (size_t)m * xstride);
                 const int8_t *xl = row + (size_t)(levels - 1) * half; /* the last level: its d and s */
                 __m256i ib = _mm256_setzero_si256(); /* Q6_K's second group */
-                __m256i ia = block_sum(T, c, row + 32 * b, ACT_BSUMS(row, K) + 2 * b, &ib);
-                if (levels == 2) {
-                    __m256i jb = _mm256_setzero_si256();
-                    __m256i ja = block_sum(T, c, xl + 32 * b, ACT_BSUMS(xl, K) + 2 * b, &jb);
-                    ia = _mm256_add_epi32(_mm256_slli_epi32(ia, 8), ja);
-                    if (T == QW_Q6_K) ib = _mm256_add_epi32(_mm256_slli_epi32(ib, 8), jb);
-                }
+                const __m256i ia = row_sum(T, levels, c, row, xl, K, b, &ib);
                 const __m256 dx = _mm256_broadcast_ss(ACT_D(xl, K) + b);
                 acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(S, dx), acc[m]);
                 if (T == QW_Q6_K) acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_mul_ps(Sb, dx), acc[m]);
