@@ -98,22 +98,3 @@ int qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T,
         qw_dequant_row(dtype, (const uint8_t *)E + (size_t)ids[t] * stride, out + t * D, D);
     return 0;
 }
-
-uint64_t qw_read_sum(const uint64_t *p, int64_t n_words) {
-    uint64_t total = 0;
-#pragma omp parallel num_threads(qw_get_threads()) reduction(+ : total)
-    {
-        /* four independent sums, so the loop is bound by the loads, not by an add chain */
-        uint64_t a = 0, b = 0, c = 0, d = 0;
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < n_words / 4; i++) {
-            a += p[4 * i];
-            b += p[4 * i + 1];
-            c += p[4 * i + 2];
-            d += p[4 * i + 3];
-        }
-        total += a + b + c + d;
-    }
-    for (int64_t i = n_words & ~(int64_t)3; i < n_words; i++) total += p[i];
-    return total;
-}

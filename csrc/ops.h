@@ -23,9 +23,4 @@ void qw_softmax(float *x, int64_t M, int64_t n);
  * or -1 (nothing written) when dtype has no kernel or D is not a multiple of its block size. */
 int qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T, float *out);
 
-/* The wrapping sum of the n / 8 little 64-bit words at p (n a multiple of 8), read by all the
- * kernels' threads in contiguous shares: a plain streaming read, the bandwidth probe's yardstick
- * for what decode could reach (the sum only keeps the reads from being optimised away). */
-uint64_t qw_read_sum(const uint64_t *p, int64_t n_words);
-
 #endif

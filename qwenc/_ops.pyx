@@ -46,11 +46,14 @@ cdef extern from "matmul.h":
 
 cdef extern from "ops.h":
     void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) nogil
-    uint64_t qw_read_sum(const uint64_t *p, int64_t n_words) nogil
     void qw_rope(float *x, int64_t T, int64_t H, int64_t hd, const int64_t *pos, const float *inv_freq) nogil
     void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out) nogil
     void qw_softmax(float *x, int64_t M, int64_t n) nogil
     int qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T, float *out) nogil
+
+cdef extern from "probe.h":
+    uint64_t qw_read_sum(const uint64_t *p, int64_t n_words) nogil
+    uint64_t qw_dot_peak(int64_t rounds) nogil
 
 cdef extern from "attention.h":
     enum:
@@ -284,6 +287,17 @@ def read_sum(const uint64_t[::1] words):
     cdef uint64_t r
     with nogil:
         r = qw_read_sum(&words[0], words.shape[0])
+    return int(r)
+
+
+def dot_peak(int64_t rounds):
+    """Byte multiply-adds done by `rounds` rounds of the current path's integer multiply-add
+    instruction on every kernel thread (probe.h): time it for the machine's integer peak."""
+    cdef uint64_t r
+    if rounds < 0:
+        raise ValueError("rounds must be >= 0")
+    with nogil:
+        r = qw_dot_peak(rounds)
     return int(r)
 
 

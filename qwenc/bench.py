@@ -1,9 +1,14 @@
-"""Prefill and decode throughput of a loaded model, and how decode compares to its roofline.
+"""Prefill and decode throughput of a loaded model, and how each compares to its roofline.
 
 Decode reads every weight matrix once per token (the embedding only one row), so its speed limit
 is memory bandwidth / bytes read per token. `weight_bytes_per_token` counts those bytes and
 `measure_bandwidth` measures the machine's read bandwidth with the same threads, so the report
 can say what share of the roofline a run reaches.
+
+Prefill and batched decode reuse each weight across many act rows, so their limit is arithmetic:
+in the integer modes, one byte multiply-add per weight and act level (two levels for int16, one
+for int8). `int_products_per_token` counts those and `measure_dot_peak` times the integer
+kernels' own instruction on every thread, so the report says what share of that peak they reach.
 """
 import statistics
 import time
@@ -39,6 +44,53 @@ def measure_bandwidth(mb: int = 1024, repeats: int = 5) -> float:
         _ops.read_sum(words)
         times.append(time.perf_counter() - t)
     return words.nbytes / min(times) / 1e9
+
+
+def measure_dot_peak(seconds: float = 0.2, repeats: int = 5) -> float:
+    """The integer products' peak in G byte multiply-adds per second: the best of `repeats` runs
+    of the current path's multiply-add instruction (512- or 256-bit vpdpbusd, AVX2's vpmaddubsw,
+    plain C) in independent chains on all the kernels' threads, each run about `seconds` long.
+    No kernel can do its products faster on this path: what it spends besides them (unpacking
+    blocks, scales, float sums) is what keeps it below."""
+    from . import _ops
+    rounds = 1 << 12
+    while True:  # grow the run until it takes a measurable time
+        t = time.perf_counter()
+        done = _ops.dot_peak(rounds)
+        dt = time.perf_counter() - t
+        if dt >= seconds / 4 or rounds >= 1 << 40:
+            break
+        rounds *= 4
+    rounds = max(8, int(rounds * seconds / max(dt, 1e-9)))
+    best = 0.0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        done = _ops.dot_peak(rounds)
+        best = max(best, done / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def dot_instruction() -> str:
+    """The multiply-add instruction measure_dot_peak times on the current path, in words."""
+    from . import _ops
+    return {"plain": "plain C byte products", "avx2": "AVX2 vpmaddubsw (with its adds)",
+            "avx512": "256-bit vpdpbusd", "avx512w": "512-bit vpdpbusd"}[_ops.simd_path()]
+
+
+def int_products_per_token(model, logits_rows: float = 1.0) -> float:
+    """Byte multiply-adds of the integer products per token: every integer-path matrix's weights
+    times the act levels (2 for int16, 1 for int8; 0 in the float mode), the output head counted
+    `logits_rows` times per token (1 for decode; 1 / P for a P-token prefill, which computes only
+    its last row's logits). Float-path matrices (F32, F16, BF16 weights) are not counted."""
+    levels = {"int16": 2, "int8": 1}.get(model.activations, 0)
+    w = model.weights
+    total = 0.0
+    for lin in w.linears():
+        if lin.packed is None:
+            continue
+        n = lin.weight.shape[0] * lin.weight.shape[1]
+        total += n * (logits_rows if lin is w.head else 1.0)
+    return levels * total
 
 
 def kernel_path() -> str:

@@ -195,14 +195,19 @@ def cmd_chat(args):
 
 def cmd_bench(args):
     """A llama-bench-like table per activation mode: prefill (pp), decode (tg) after a short
-    prompt and at depth, batched decode at several batch sizes; then peak RSS and the decode rate
-    as a share of the machine's measured read bandwidth."""
-    from qwenc.bench import (bench_table, current_rss_bytes, format_table, kernel_path, measure_bandwidth,
-                             parameter_count, peak_rss_bytes, weight_bytes_per_token, weight_file_bytes)
+    prompt and at depth, batched decode at several batch sizes; then peak RSS, the decode rate as
+    a share of the machine's measured read bandwidth, and in the integer modes the prefill and
+    largest batch's rates as a share of the integer products' measured peak."""
+    from qwenc.bench import (bench_table, current_rss_bytes, dot_instruction, format_table, int_products_per_token, kernel_path,
+                             measure_bandwidth, measure_dot_peak, parameter_count, peak_rss_bytes,
+                             weight_bytes_per_token, weight_file_bytes)
     modes = [m for m in (args.modes or args.activations).split(",") if m]
     batches = [int(b) for b in args.batch.split(",") if b] if args.batch else []
     args.context = max(args.pp, args.depth + args.tg, 16 + args.tg, 16 + args.batch_steps) + 8
-    rows, tg_rates, rss = [], {}, {}
+    rows, tg_rates, rss, compute = [], {}, {}, []
+    # the integer peak measured before and after the tests, the higher kept: a shared machine's
+    # other load lowers a probe, never raises it
+    dot_peaks = [measure_dot_peak()] if any(m in ("int16", "int8") for m in modes) else []
     for mode in modes:
         args.activations = mode
         model = _load(args)
@@ -212,6 +217,11 @@ def cmd_bench(args):
                          "mode": mode, "threads": model.threads, "test": test, "runs": runs})
             if test == f"tg{args.tg}":
                 tg_rates[mode] = sum(runs) / len(runs)
+            # the compute-bound tests: prefill (last row's logits only) and the largest batch
+            if test == f"pp{args.pp}" or (batches and test == f"tg{args.batch_steps} x B={max(batches)}"):
+                macs = int_products_per_token(model, 1.0 / args.pp if test.startswith("pp") else 1.0)
+                if macs:
+                    compute.append((mode, test, sum(runs) / len(runs), macs))
         per_token = weight_bytes_per_token(model)
         del model
     peak = peak_rss_bytes()  # before the bandwidth probe's 1 GB buffer
@@ -223,6 +233,13 @@ def cmd_bench(args):
           f"{per_token / 1e9:.3f} GB of weights per token -> roofline {roof:.1f} tok/s")
     for mode, rate in tg_rates.items():
         print(f"decode tg{args.tg} ({mode}): {rate:.1f} tok/s = {100 * rate / roof:.0f}% of the roofline")
+    if compute:
+        dot_peak = max(dot_peaks + [measure_dot_peak()])
+        print(f"integer products' peak {dot_peak:.0f} G byte multiply-adds/s (probe: {dot_instruction()} "
+              f"in independent chains on the same threads, before and after the tests, the higher)")
+        for mode, test, rate, macs in compute:
+            print(f"{test} ({mode}): {rate:.1f} tok/s x {macs / 1e9:.3g} G per token = "
+                  f"{100 * rate * macs / 1e9 / dot_peak:.0f}% of that peak")
     print("RSS after load " + ", ".join(f"{m} {b / 2**20:.0f} MiB" for m, b in rss.items())
           + f"; peak RSS {peak / 2**20:.0f} MiB (weight file {rows[0]['size'] / 2**20:.0f} MiB)" if rows else "")
     return 0

@@ -404,6 +404,29 @@ def test_read_sum_is_the_wrapping_word_sum(n, threads):
     assert _ops.read_sum(words) != got
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("rounds", [0, 9, 64, 1001])
+def test_dot_peak_does_the_products_it_counts(rounds, threads):
+    """The integer peak probe (probe.h) on every path this CPU has: its result is the sum of its
+    accumulators' lanes, each product adding 1, so it equals the products the path claims per
+    round (24 chains of one instruction: 64 byte products for 512-bit vpdpbusd, 32 for the
+    256-bit paths and plain C) on every thread only if each chain's every product was done and
+    summed."""
+    prev_threads, prev_path = _ops.get_threads(), _ops.simd_path()
+    done = max(8, rounds) // 8 * 8
+    try:
+        _ops.set_threads(threads)
+        for path in _ops.simd_paths():
+            _ops.set_simd_path(path)
+            per_round = 24 * (64 if path == "avx512w" else 32)
+            assert _ops.dot_peak(rounds) == threads * done * per_round, path
+    finally:
+        _ops.set_threads(prev_threads)
+        _ops.set_simd_path(prev_path)
+    with pytest.raises(ValueError):
+        _ops.dot_peak(-1)
+
+
 @pytest.mark.parametrize("H,Hkv,hd", [(14, 2, 64), (8, 1, 16), (16, 1, 24), (17, 1, 8), (12, 2, 128)])
 @pytest.mark.parametrize("f16", [False, True])
 def test_attention_simd_paths_give_the_same_bits(H, Hkv, hd, f16):

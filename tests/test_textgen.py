@@ -2,6 +2,7 @@
 streaming vs non-streaming, stop strings, EOS, max_tokens, generation_config defaults, the
 OpenAI-shaped chat API, KV reuse across chat turns, and the CLI (`qwenc gen`, `qwenc chat`)."""
 import json
+import re
 import os
 import shutil
 import signal
@@ -289,3 +290,42 @@ def test_cli_bench_reports_speeds_and_roofline(model_dir):
         mean, sd = line.split("|")[7].split("±")
         assert float(mean) > 0 and float(sd) >= 0
     assert "% of the roofline" in r.stdout and "peak RSS" in r.stdout
+    assert "of that peak" not in r.stdout  # bf16 weights: float products, no integer peak to compare
+
+
+def test_cli_bench_reports_integer_products_against_their_peak(model_dir):
+    """In the integer modes the prefill and the largest batch are set against the integer
+    products' measured peak, with the byte multiply-adds per token counted from the model: every
+    matrix's weights times the act levels (2 for int16, 1 for int8), the head once per token in
+    a batch and once per prompt in a prefill."""
+    r = run_cli("bench", "-m", str(model_dir), "--dtype", "q8_0", "--modes", "int16,int8", "-p", "8", "-n", "2",
+                "-d", "0", "-b", "1,3", "--batch-steps", "2", "-r", "1")
+    assert r.returncode == 0, r.stderr
+    model = qwenc.load(model_dir, dtype="q8_0", activations="int8")
+    w = model.weights
+    head = w.head.weight.shape[0] * w.head.weight.shape[1]
+    body = sum(lin.weight.shape[0] * lin.weight.shape[1] for lin in w.linears()) - head
+    assert re.search(r"integer products' peak \d+ G byte multiply-adds/s", r.stdout), r.stdout
+    found = {}
+    for m in re.finditer(r"^(\S+(?: x B=\d+)?) \((int16|int8)\): [\d.]+ tok/s x ([\d.e-]+) G per token = \d+% of that peak$",
+                         r.stdout, re.M):
+        found[(m.group(1), m.group(2))] = float(m.group(3)) * 1e9
+    for mode, levels in (("int16", 2), ("int8", 1)):
+        assert found[("pp8", mode)] == pytest.approx(levels * (body + head / 8), rel=0.006)
+        assert found[("tg2 x B=3", mode)] == pytest.approx(levels * (body + head), rel=0.006)
+    assert len(found) == 4, r.stdout
+
+
+def test_int_products_per_token_counts_integer_path_weights(model_dir):
+    """Exact counts: each integer-path matrix's weights times the act levels; nothing in the
+    float mode, nor for matrices the float path computes (bf16 weights)."""
+    from qwenc.bench import int_products_per_token
+    m16 = qwenc.load(model_dir, dtype="q8_0", activations="int16")
+    w = m16.weights
+    sizes = [lin.weight.shape[0] * lin.weight.shape[1] for lin in w.linears()]
+    head = w.head.weight.shape[0] * w.head.weight.shape[1]
+    assert int_products_per_token(m16) == 2 * sum(sizes)
+    assert int_products_per_token(m16, 1 / 4) == 2 * (sum(sizes) - head + head / 4)
+    assert int_products_per_token(qwenc.load(model_dir, dtype="q8_0", activations="int8")) == sum(sizes)
+    assert int_products_per_token(qwenc.load(model_dir, dtype="q8_0", activations="f32")) == 0
+    assert int_products_per_token(qwenc.load(model_dir, activations="int16")) == 0  # bf16: float path

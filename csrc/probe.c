@@ -1,0 +1,141 @@
+/* The machine's yardsticks for `qwenc bench`: how fast it reads memory (what decode's weight
+ * reads could at best go at) and how fast the integer kernels' multiply-add instruction runs
+ * (what a prefill's products could at best go at). Neither is a model kernel: one bound by its
+ * own extra work would make a faster model kernel show above 100% of it. */
+#include "probe.h"
+
+#include "cpu.h"
+
+#if QW_HAVE_X86
+#include <immintrin.h>
+#endif
+
+uint64_t qw_read_sum(const uint64_t *p, int64_t n_words) {
+    uint64_t total = 0;
+#pragma omp parallel num_threads(qw_get_threads()) reduction(+ : total)
+    {
+        /* four independent sums, so the loop is bound by the loads, not by an add chain */
+        uint64_t a = 0, b = 0, c = 0, d = 0;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n_words / 4; i++) {
+            a += p[4 * i];
+            b += p[4 * i + 1];
+            c += p[4 * i + 2];
+            d += p[4 * i + 3];
+        }
+        total += a + b + c + d;
+    }
+    for (int64_t i = n_words & ~(int64_t)3; i < n_words; i++) total += p[i];
+    return total;
+}
+
+/* Independent accumulator chains: enough that the instruction's latency (5 cycles on the CPUs
+ * measured) hides behind its throughput. 12 chains reached 80% of what 24 did on an Intel Xeon. */
+#define CHAINS 24
+/* Inputs go through an empty asm each round so the compiler cannot fold the products of known
+ * constants: every round executes. */
+#define OPAQUE(v) __asm__ volatile("" : "+x"(v))
+
+/* Every lane's products are of 1 by 1, so each multiply-add adds 1 to the sum of all lanes:
+ * the returned sum (wrapping) is the number of multiply-adds, whatever the path. */
+
+#if QW_HAVE_X86
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) static uint64_t
+peak_vnni512(int64_t rounds) {
+    __m512i acc[CHAINS], u = _mm512_set1_epi8(1), s = _mm512_set1_epi8(1);
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_setzero_si512();
+    for (int64_t r = 0; r < rounds; r++) {
+        OPAQUE(u);
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_dpbusd_epi32(acc[c], u, s);
+    }
+    for (int c = 1; c < CHAINS; c++) acc[0] = _mm512_add_epi32(acc[0], acc[c]);
+    uint32_t lanes[16];
+    _mm512_storeu_si512(lanes, acc[0]);
+    uint64_t sum = 0;
+    for (int i = 0; i < 16; i++) sum += lanes[i];
+    return sum;
+}
+
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) static uint64_t
+peak_vnni256(int64_t rounds) {
+    __m256i acc[CHAINS], u = _mm256_set1_epi8(1), s = _mm256_set1_epi8(1);
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_setzero_si256();
+    for (int64_t r = 0; r < rounds; r++) {
+        OPAQUE(u);
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_dpbusd_epi32(acc[c], u, s);
+    }
+    for (int c = 1; c < CHAINS; c++) acc[0] = _mm256_add_epi32(acc[0], acc[c]);
+    uint32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, acc[0]);
+    uint64_t sum = 0;
+    for (int i = 0; i < 8; i++) sum += lanes[i];
+    return sum;
+}
+
+/* As the AVX2 kernels spend a block: per 32 codes a vpmaddubsw and a 16-bit add, and per block
+ * of 8 steps one vpmaddwd into 32 bits (with its add). Each chain gets its own input, as each of
+ * a kernel's products has its own codes (one shared input would be one product, reused); with
+ * 16 vector registers, 4 chains fit. */
+__attribute__((target("avx2,fma,f16c"))) static uint64_t peak_avx2(int64_t rounds) {
+    enum { C = 4 };
+    __m256i acc[C], wide[C], u[C], s = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+    for (int c = 0; c < C; c++) wide[c] = _mm256_setzero_si256(), u[c] = _mm256_set1_epi8(1);
+    /* CHAINS / C products per chain and round, so a round does CHAINS products as on the other paths */
+    for (int64_t r = 0; r < rounds / 8 * (CHAINS / C); r++) {
+        for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_si256();
+        for (int st = 0; st < 8; st++)
+            for (int c = 0; c < C; c++) {
+                OPAQUE(u[c]);
+                acc[c] = _mm256_add_epi16(acc[c], _mm256_maddubs_epi16(u[c], s));
+            }
+        for (int c = 0; c < C; c++) wide[c] = _mm256_add_epi32(wide[c], _mm256_madd_epi16(acc[c], ones));
+    }
+    for (int c = 1; c < C; c++) wide[0] = _mm256_add_epi32(wide[0], wide[c]);
+    uint32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, wide[0]);
+    uint64_t sum = 0;
+    for (int i = 0; i < 8; i++) sum += lanes[i];
+    return sum;
+}
+#endif
+
+/* Plain C: 32 unsigned-by-signed byte products into 32-bit sums per step, as intdot.c does. */
+static uint64_t peak_plain(int64_t rounds) {
+    enum { C = 4, W = 32 };
+    uint8_t u[W];
+    int8_t s[W];
+    int32_t acc[C][W] = {{0}};
+    for (int i = 0; i < W; i++) u[i] = 1, s[i] = 1;
+    const uint8_t *up = u;
+    for (int64_t r = 0; r < rounds * (CHAINS / C); r++) {
+        __asm__ volatile("" : "+r"(up));
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < W; i++) acc[c][i] += (int32_t)up[i] * s[i];
+    }
+    uint64_t sum = 0;
+    for (int c = 0; c < C; c++)
+        for (int i = 0; i < W; i++) sum += (uint32_t)acc[c][i];
+    return sum;
+}
+
+uint64_t qw_dot_peak(int64_t rounds) {
+    if (rounds < 8) rounds = 8;
+    rounds &= ~(int64_t)7;
+    uint64_t total = 0;
+    const int path = qw_simd_level();
+#pragma omp parallel num_threads(qw_get_threads()) reduction(+ : total)
+    {
+#if QW_HAVE_X86
+        if (path >= 3)
+            total += peak_vnni512(rounds);
+        else if (path == 2)
+            total += peak_vnni256(rounds);
+        else if (path == 1)
+            total += peak_avx2(rounds);
+        else
+#endif
+            total += peak_plain(rounds);
+    }
+    (void)path;
+    return total;
+}

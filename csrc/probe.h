@@ -1,0 +1,20 @@
+/* The machine's yardsticks: memory read bandwidth and the integer products' instruction rate. */
+#ifndef QWENC_PROBE_H
+#define QWENC_PROBE_H
+
+#include <stdint.h>
+
+/* The wrapping sum of the n / 8 little 64-bit words at p (n a multiple of 8), read by all the
+ * kernels' threads in contiguous shares: a plain streaming read, the bandwidth probe's yardstick
+ * for what decode could reach (the sum only keeps the reads from being optimised away). */
+uint64_t qw_read_sum(const uint64_t *p, int64_t n_words);
+
+/* The integer kernels' byte multiply-add instruction of the current path (512-bit vpdpbusd,
+ * 256-bit vpdpbusd, AVX2's vpmaddubsw with its 16-bit add and per-block vpmaddwd, or plain C's
+ * byte products), `rounds` rounds (rounded down to a multiple of 8, at least 8) of independent
+ * chains on every kernel thread at once, all inputs 1. Returns the number of byte
+ * multiply-adds done (each adds 1 to the lanes' sum, which is what is returned); `qwenc bench`
+ * times it for the peak rate a prefill's integer products could reach. */
+uint64_t qw_dot_peak(int64_t rounds);
+
+#endif
