@@ -104,17 +104,17 @@ static uint64_t peak_plain(int64_t rounds) {
     enum { C = 4, W = 32 };
     uint8_t u[W];
     int8_t s[W];
-    int32_t acc[C][W] = {{0}};
+    uint32_t acc[C][W] = {{0}}; /* unsigned: wraps as the SIMD lanes do, where int32 would overflow */
     for (int i = 0; i < W; i++) u[i] = 1, s[i] = 1;
     const uint8_t *up = u;
     for (int64_t r = 0; r < rounds * (CHAINS / C); r++) {
         __asm__ volatile("" : "+r"(up));
         for (int c = 0; c < C; c++)
-            for (int i = 0; i < W; i++) acc[c][i] += (int32_t)up[i] * s[i];
+            for (int i = 0; i < W; i++) acc[c][i] += (uint32_t)((int32_t)up[i] * s[i]);
     }
     uint64_t sum = 0;
     for (int c = 0; c < C; c++)
-        for (int i = 0; i < W; i++) sum += (uint32_t)acc[c][i];
+        for (int i = 0; i < W; i++) sum += acc[c][i];
     return sum;
 }
 
