@@ -66,8 +66,11 @@ def run_vs_llama(model, threads, repeats, prompts, gen, max_foreign):
            "--repeats", str(repeats), "--prompt", ",".join(map(str, prompts)), "--gen", str(gen),
            "--activations", "f32,int16,int8", "--json", out, "--max-foreign", str(max_foreign)]
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
-    subprocess.run(cmd, check=True, stdout=sys.stderr)
-    return json.loads(Path(out).read_text())
+    try:
+        subprocess.run(cmd, check=True, stdout=sys.stderr)
+        return json.loads(Path(out).read_text())
+    finally:
+        Path(out).unlink(missing_ok=True)
 
 
 def transformers_speed(model, threads, prompt, gen, repeats):

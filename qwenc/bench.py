@@ -56,7 +56,7 @@ def measure_dot_peak(seconds: float = 0.2, repeats: int = 5) -> float:
     rounds = 1 << 12
     while True:  # grow the run until it takes a measurable time
         t = time.perf_counter()
-        done = _ops.dot_peak(rounds)
+        _ops.dot_peak(rounds)
         dt = time.perf_counter() - t
         if dt >= seconds / 4 or rounds >= 1 << 40:
             break

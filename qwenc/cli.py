@@ -217,8 +217,10 @@ def cmd_bench(args):
                          "mode": mode, "threads": model.threads, "test": test, "runs": runs})
             if test == f"tg{args.tg}":
                 tg_rates[mode] = sum(runs) / len(runs)
-            # the compute-bound tests: prefill (last row's logits only) and the largest batch
-            if test == f"pp{args.pp}" or (batches and test == f"tg{args.batch_steps} x B={max(batches)}"):
+            # the compute-bound tests: prefill (last row's logits only) and the largest batch (a
+            # lone sequence's decode is bound by memory, and runs other kernels than the probe's)
+            if test == f"pp{args.pp}" or (batches and max(batches) > 1
+                                          and test == f"tg{args.batch_steps} x B={max(batches)}"):
                 macs = int_products_per_token(model, 1.0 / args.pp if test.startswith("pp") else 1.0)
                 if macs:
                     compute.append((mode, test, sum(runs) / len(runs), macs))
