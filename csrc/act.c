@@ -238,6 +238,33 @@ QW_TARGET_AVX2 static void quantize_act16_avx2(const float *x, void *dst, int64_
 
 #endif /* QW_HAVE_X86 */
 
+/* ---------------------------------------------------------------- pair rows (kernels.h) */
+
+void qw_pair_act_rows(const uint8_t *a, const uint8_t *b, uint8_t *dst, int64_t n, int bits) {
+    const size_t used = qw_act_bytes(QW_Q8_0, n, bits), half = ACT_HALF(n);
+    for (size_t o = 0; o < used; o += 4) {
+        memcpy(dst + 2 * o, a + o, 4);
+        memcpy(dst + 2 * o + 4, b + o, 4);
+    }
+    for (int r = 0; r < 2; r++) {
+        const uint8_t *x = r ? b : a;
+        const int16_t *s1 = ACT_BSUMS(x, n), *s2 = ACT_BSUMS(x + half, n);
+        const size_t field = (size_t)((const uint8_t *)s1 - x); /* of block 0, level 1 */
+        for (int64_t i = 0; i < n / QK; i++) {
+            uint8_t *f1 = dst + 2 * (field + 4 * (size_t)i) + 4 * (size_t)r, *f2 = f1 + 2 * half;
+            if (bits == 16) {
+                const int32_t lo = 256 * s1[2 * i] + s2[2 * i], hi = 256 * s1[2 * i + 1] + s2[2 * i + 1];
+                const int32_t neg_lo = -lo, neg_all = -(lo + hi);
+                memcpy(f1, &neg_lo, 4);
+                memcpy(f2, &neg_all, 4);
+            } else {
+                const int16_t neg[2] = {(int16_t)-s1[2 * i], (int16_t)-s1[2 * i + 1]};
+                memcpy(f1, neg, 4);
+            }
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n, int bits) {

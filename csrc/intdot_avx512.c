@@ -74,7 +74,7 @@ R8_TARGET INLINE __m256i block_sum(int T, const __m256i c[8], const int8_t *x, c
  * 2r + i holds weight row r against act row i of the pair. Each step vector of the block has its
  * 32-bit lanes doubled (one vpermd per step, shared by all pairs), and the act side comes as pair
  * rows (kernels.h): two act rows interleaved 4 bytes at a time, so that a step's 4 + 4 codes, a
- * block's two scales and its two code-sum pairs are each one 64-bit broadcast load. A lane meets
+ * block's two scales and its two rows' offset sums are each one 64-bit broadcast load. A lane meets
  * the same integers and the same float operations in the same order as in the 256-bit kernels,
  * so every path still gives the same bits. This does twice the products per instruction for
  * prefill and batched decode, which pays where a 512-bit vpdpbusd runs at about the 256-bit one's
@@ -99,8 +99,9 @@ R8_TARGET INLINE __m512i bcast8(const uint8_t *p) {
  * starting at h. */
 #define PAIRED(h, f) ((const uint8_t *)(h) + 2 * ((const uint8_t *)(f) - (const uint8_t *)(h)))
 
-R8_TARGET INLINE __m512i dot_steps_pair(const __m512i C[8], const uint8_t *x, int first, int n) {
-    __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), C[first], bcast8(x + 8 * first));
+/* start plus the pair's products over steps [first, first + n) of the block, in two chains. */
+R8_TARGET INLINE __m512i dot_steps_pair(__m512i start, const __m512i C[8], const uint8_t *x, int first, int n) {
+    __m512i a = _mm512_dpbusd_epi32(start, C[first], bcast8(x + 8 * first));
     __m512i b = _mm512_dpbusd_epi32(_mm512_setzero_si512(), C[first + 1], bcast8(x + 8 * first + 8));
     for (int s = first + 2; s < first + n; s += 2) {
         a = _mm512_dpbusd_epi32(a, C[s], bcast8(x + 8 * s));
@@ -109,37 +110,41 @@ R8_TARGET INLINE __m512i dot_steps_pair(const __m512i C[8], const uint8_t *x, in
     return _mm512_add_epi32(a, b);
 }
 
-/* block_sum for a pair: x the block's paired codes, bsp its paired code sums (4 int16: the first
- * row's two 16-value sums, then the second's). The code offset of Q4_0 (8), Q5_0 (16) and Q8_0
- * (128) times each row's code sum comes off; Q6_K's second group goes to *second. */
-R8_TARGET INLINE __m512i block_sum_pair(int T, const __m512i C[8], const uint8_t *x, const uint8_t *bsp,
-                                        __m512i *second) {
-    switch (T) {
-    case QW_Q4_0: case QW_Q5_0: case QW_Q8_0: {
-        const short off = T == QW_Q4_0 ? 8 : T == QW_Q5_0 ? 16 : 128;
-        return _mm512_sub_epi32(dot_steps_pair(C, x, 0, 8), _mm512_madd_epi16(bcast8(bsp), _mm512_set1_epi16(off)));
-    }
-    case QW_Q6_K: {
-        const __m512i sums = bcast8(bsp);
-        *second = _mm512_sub_epi32(dot_steps_pair(C, x, 4, 4), _mm512_madd_epi16(sums, _mm512_set1_epi32(32 << 16)));
-        return _mm512_sub_epi32(dot_steps_pair(C, x, 0, 4), _mm512_madd_epi16(sums, _mm512_set1_epi32(32)));
-    }
-    default: return dot_steps_pair(C, x, 0, 8); /* Q4_1, Q5_1, Q4_K, Q5_K */
-    }
+/* log2 of the code offset of Q4_0 (8), Q5_0 (16), Q8_0 (128) and Q6_K (32); 0 for the others. */
+INLINE int offset_shift(const int T) {
+    return T == QW_Q4_0 ? 3 : T == QW_Q5_0 ? 4 : T == QW_Q8_0 ? 7 : T == QW_Q6_K ? 5 : 0;
 }
 
-/* row_sum for a pair, its level 1 a plain half starting at h1 and its last level one at hl. */
+/* row_sum for a pair, its level 1 a pair row's half starting at h1 and its last level one at hl.
+ * The code offsets come off as the sums' starts, from the pair rows' negated code sums
+ * (kernels.h): for 8-bit rows the offset times them (vpmaddwd), for 16-bit rows the joined
+ * sums shifted by the offset's log2, at the start of level 2's sum, which is joined after level
+ * 1's is shifted. A chain through both levels would be shorter by one add, but twice as long:
+ * on the Xeon measured its latency cost 13% of a Q4_K product. Q6_K's second group goes to
+ * *ib. */
 R8_TARGET INLINE __m512i pair_sum(const int T, const int levels, const __m512i C[8], const uint8_t *h1,
                                   const uint8_t *hl, int64_t K, int64_t b, __m512i *ib) {
     const int8_t *x1 = (const int8_t *)h1, *xl = (const int8_t *)hl;
-    __m512i ia = block_sum_pair(T, C, PAIRED(h1, x1 + 32 * b), PAIRED(h1, ACT_BSUMS(x1, K) + 2 * b), ib);
-    if (levels == 2) {
-        __m512i jb = _mm512_setzero_si512();
-        __m512i ja = block_sum_pair(T, C, PAIRED(hl, xl + 32 * b), PAIRED(hl, ACT_BSUMS(xl, K) + 2 * b), &jb);
-        ia = _mm512_add_epi32(_mm512_slli_epi32(ia, 8), ja);
-        if (T == QW_Q6_K) *ib = _mm512_add_epi32(_mm512_slli_epi32(*ib, 8), jb);
+    const uint8_t *c1 = PAIRED(h1, x1 + 32 * b), *cl = PAIRED(hl, xl + 32 * b);
+    const __m512i f1 = bcast8(PAIRED(h1, ACT_BSUMS(x1, K) + 2 * b)); /* the negated sums */
+    const int sh = offset_shift(T);
+    const __m512i zero = _mm512_setzero_si512();
+    if (levels == 1) {
+        if (T == QW_Q6_K) {
+            *ib = dot_steps_pair(_mm512_madd_epi16(f1, _mm512_set1_epi32(32 << 16)), C, c1, 4, 4);
+            return dot_steps_pair(_mm512_madd_epi16(f1, _mm512_set1_epi32(32)), C, c1, 0, 4);
+        }
+        return dot_steps_pair(sh ? _mm512_madd_epi16(f1, _mm512_set1_epi16((short)(1 << sh))) : zero, C, c1, 0, 8);
     }
-    return ia;
+    const __m512i fl = bcast8(PAIRED(hl, ACT_BSUMS(xl, K) + 2 * b));
+    if (T == QW_Q6_K) { /* f1: the low group's joined sum, fl the block's */
+        const __m512i ia = dot_steps_pair(zero, C, c1, 0, 4), ja = dot_steps_pair(zero, C, c1, 4, 4);
+        *ib = _mm512_add_epi32(_mm512_slli_epi32(ja, 8),
+                               dot_steps_pair(_mm512_slli_epi32(_mm512_sub_epi32(fl, f1), 5), C, cl, 4, 4));
+        return _mm512_add_epi32(_mm512_slli_epi32(ia, 8), dot_steps_pair(_mm512_slli_epi32(f1, 5), C, cl, 0, 4));
+    }
+    const __m512i ia = dot_steps_pair(zero, C, c1, 0, 8);
+    return _mm512_add_epi32(_mm512_slli_epi32(ia, 8), dot_steps_pair(sh ? _mm512_slli_epi32(fl, sh) : zero, C, cl, 0, 8));
 }
 
 /* product() for M act rows as pair rows (pair p at xq + p xstride; when M is odd the last pair's

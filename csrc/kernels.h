@@ -35,7 +35,18 @@ typedef void (*qw_r8_fn)(const uint8_t *group, int64_t K, const uint8_t *xq, siz
  * act rows 2p and 2p + 1 interleaved 4 bytes at a time (their first 4 bytes, the second's first
  * 4, their next 4, ...; a row's fields are all 4-byte units, per 32-value block), pair p at
  * xq + p * xstride. When M is odd the last pair's second row is anything (its outputs are not
- * written). */
+ * written). One field differs from the plain rows: each block's code sums (4 bytes per row and
+ * level) hold what the code offsets take off, negated, so that a kernel starts a sum there
+ * instead of subtracting at its end:
+ *   8-bit rows:  the block's two 16-value code sums negated (two int16, as stored);
+ *   16-bit rows: in level 1's field, the int32 -(256 s1_lo + s2_lo), the low 16-value group's
+ *                sum of the joined codes 256 q1 + q2; in level 2's, -(256 s1 + s2), the whole
+ *                block's (s1, s2: the levels' block code sums; lo: of the first 16 values).
+ * qw_pair_act_rows builds them. */
+
+/* Pair row `dst` (qw_act_bytes(QW_Q8_0, n, bits) bytes per row, so twice that) from the act
+ * rows a and b of n values (act.c). */
+void qw_pair_act_rows(const uint8_t *a, const uint8_t *b, uint8_t *dst, int64_t n, int bits);
 
 /* Decode streams every weight matrix from memory once per token, in runs of a few KiB (one 8-row
  * group's records, then the next group's), and the hardware prefetcher alone kept the integer

@@ -63,12 +63,7 @@ static const uint8_t *quantize_rows(int bits, const float *X, int64_t M, int64_t
         uint8_t *a = buf + (size_t)(2 * p) * act, *b = 2 * p + 1 < M ? a + act : a;
         qw_quantize_act(QW_Q8_0, X + 2 * p * K, a, K, bits);
         if (b != a) qw_quantize_act(QW_Q8_0, X + (2 * p + 1) * K, b, K, bits);
-        if (!pb) continue;
-        uint8_t *d = pb + (size_t)p * 2 * act;
-        for (size_t o = 0; o < used; o += 4) {
-            memcpy(d + 2 * o, a + o, 4);
-            memcpy(d + 2 * o + 4, b + o, 4);
-        }
+        if (pb) qw_pair_act_rows(a, b, pb + (size_t)p * 2 * act, K, bits);
     }
     *stride = pb ? 2 * act : act;
     return pb ? pb : buf;

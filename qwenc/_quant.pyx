@@ -26,6 +26,10 @@ cdef extern from "quant.h":
     size_t qw_matrix_bytes(int dtype, int64_t N, int64_t K)
     void qw_dequant_matrix_row(int dtype, const void *W, int64_t K, int64_t n, float *dst) nogil
 
+cdef extern from "kernels.h":
+    void qw_pair_act_rows(const unsigned char *a, const unsigned char *b, unsigned char *dst, int64_t n,
+                          int bits) nogil
+
 cdef extern from "matmul.h":
     int qw_matmul(const void *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M, float *Y,
                   const float *bias, int act) nogil
@@ -169,6 +173,24 @@ def quantize_activations(x, int dtype, int bits=8):
     with nogil:
         for r in range(nrows):
             qw_quantize_act(dtype, &src[r, 0], &dst[r, 0], ncols, bits)
+    return out
+
+
+def pair_activations(xq, Py_ssize_t cols, int bits=8):
+    """uint8 [(rows + 1) // 2, 2 * row bytes]: act rows (uint8 [rows, act_bytes(Q8_0, cols, bits)],
+    from quantize_activations) as the pair rows the wide AVX-512 kernels take (csrc/kernels.h),
+    an odd last row paired with itself."""
+    ab = _act_row_bytes(Q8_0, cols, bits)
+    xa = np.ascontiguousarray(xq)
+    if xa.dtype != np.uint8 or xa.ndim != 2 or xa.shape[1] != ab:
+        raise ValueError(f"xq must be uint8 rows of {ab} bytes, got {xa.shape} {xa.dtype}")
+    rows = xa.shape[0]
+    out = np.empty(((rows + 1) // 2, 2 * ab), dtype=np.uint8)
+    cdef const unsigned char[:, ::1] src = xa
+    cdef unsigned char[:, ::1] dst = out
+    cdef Py_ssize_t p
+    for p in range(out.shape[0]):
+        qw_pair_act_rows(&src[2 * p, 0], &src[min(2 * p + 1, rows - 1), 0], &dst[p, 0], cols, bits)
     return out
 
 

@@ -47,10 +47,26 @@ def lib(tmp_path_factory):
     return lib
 
 
-def pair_rows(xq):
-    """Act rows as the wide kernels take them (csrc/kernels.h): rows 2p and 2p + 1 interleaved 4
-    bytes at a time, an odd last row paired with itself."""
-    rows = xq.view(np.uint32)
+def pair_rows(xq, K, bits):
+    """Act rows as the wide kernels take them (csrc/kernels.h), built here independently of
+    qw_pair_act_rows: rows 2p and 2p + 1 interleaved 4 bytes at a time, an odd last row paired
+    with itself, and each block's code-sum field holding what the code offsets take off,
+    negated: for 8-bit rows the two 16-value sums, for 16-bit rows the joined (256 q1 + q2) sum
+    of the low 16 values in level 1's field and of the whole block in level 2's."""
+    nb = K // 32
+    half = K + 8 * nb + 2 * (K // 16)
+    rows = xq.copy()
+    for x in rows:
+        f = K + 8 * nb  # the code sums of level 1, then (16 bits) of level 2 one half on
+        s1 = x[f:f + 4 * nb].view(np.int16).astype(np.int32).reshape(nb, 2)
+        if bits == 8:
+            x[f:f + 4 * nb] = (-s1).astype(np.int16).view(np.uint8).reshape(-1)
+            continue
+        s2 = x[half + f:half + f + 4 * nb].view(np.int16).astype(np.int32).reshape(nb, 2)
+        joined = 256 * s1 + s2
+        x[f:f + 4 * nb] = (-joined[:, 0]).astype(np.int32).view(np.uint8)
+        x[half + f:half + f + 4 * nb] = (-joined.sum(axis=1)).astype(np.int32).view(np.uint8)
+    rows = rows.view(np.uint32)
     if len(rows) % 2:
         rows = np.concatenate([rows, rows[-1:]])
     return np.ascontiguousarray(np.stack([rows[0::2], rows[1::2]], axis=2).reshape(len(rows) // 2, -1).view(np.uint8))
@@ -59,7 +75,7 @@ def pair_rows(xq):
 def avx512_product(lib, dtype, bits, group, K, xq, M, wide=False):
     out = np.full((M, 8), np.nan, np.float32)
     if wide:
-        xq = pair_rows(xq)
+        xq = pair_rows(xq, K, bits)
     rc = lib.qw_test_r8_avx512(dtype, bits, int(wide), group.ctypes.data, K, xq.ctypes.data, xq.shape[1], M,
                                out.ctypes.data)
     assert rc == 0
@@ -110,3 +126,38 @@ def test_falsifier_a_changed_code_is_seen(lib, avx2, wide):
     bad[100] ^= 0x01  # a nibble of the first record's codes
     assert not np.array_equal(avx512_product(lib, CODE["Q5_0"], 8, bad, K, xq, 4, wide), want)
     np.testing.assert_array_equal(avx512_product(lib, CODE["Q5_0"], 8, packed, K, xq, 4, wide), want)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_pair_act_rows_follow_the_layout(bits):
+    """The pair rows qwenc builds (qw_pair_act_rows) are byte for byte the layout the kernels are
+    checked on above (pair_rows, written here from kernels.h's description)."""
+    for K in (32, 96, 288):
+        for M in (1, 2, 5):
+            x = np.ascontiguousarray(act_inputs(K, np.random.default_rng(K + M))[np.arange(M) % 4]
+                                     * np.float32(1 + np.arange(M)[:, None]))
+            xq = np.ascontiguousarray(_quant.quantize_activations(x, CODE["Q8_0"], bits=bits))
+            np.testing.assert_array_equal(_quant.pair_activations(xq, K, bits), pair_rows(xq, K, bits),
+                                          err_msg=f"K={K} M={M} int{bits}")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="builds a shared library with the system C compiler")
+@pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("bits", [8, 16])
+def test_falsifier_pair_rows_without_offset_sums(lib, avx2, name, bits):
+    """Pair rows merely interleaved (the plain rows' code sums left in place) give the offset
+    types wrong products: the comparison above depends on the offset fields."""
+    K = 256
+    data = synthetic(name, 8, K, seed=3).reshape(-1)
+    packed, r8 = _ops.repack(data, CODE[name], 8, K)
+    x = np.ascontiguousarray(act_inputs(K, np.random.default_rng(4)))
+    xq = np.ascontiguousarray(_quant.quantize_activations(x, CODE[name], bits=bits))
+    want = np.empty((4, 8), np.float32)
+    _ops.matmul(packed, r8, 8, K, x, want, None, bits)
+    plain = np.ascontiguousarray(np.stack([xq.view(np.uint32)[0::2], xq.view(np.uint32)[1::2]], axis=2)
+                                 .reshape(2, -1).view(np.uint8))
+    out = np.full((4, 8), np.nan, np.float32)
+    assert lib.qw_test_r8_avx512(CODE[name], bits, 1, packed.ctypes.data, K, plain.ctypes.data,
+                                 plain.shape[1], 4, out.ctypes.data) == 0
+    assert not np.allclose(out, want, rtol=1e-3, atol=1e-3)
+    np.testing.assert_array_equal(avx512_product(lib, CODE[name], bits, packed, K, xq, 4, True), want)
