@@ -291,14 +291,20 @@ class Transformer:
         groups = self._groups(items, pos)
         _ops.set_threads(self.threads)
         ws = self._workspace(r)
-        _ops.embed(w.embed.data, w.embed.dtype, cfg.vocab_size, cfg.hidden_size,
-                   np.asarray(ids, dtype=np.int32), ws.x)
+        ids = np.asarray(ids, dtype=np.int32)
         if r >= EMBED_RELEASE_ROWS and w.embed_lookup_only():
             # Each row read from a memory-mapped table maps in the pages around it too (the
             # kernel's fault-around: 64 KiB per row), so a long prompt of scattered tokens
             # would leave most of the table resident; its pages are clean and are dropped again
-            # (not when a tied head reads the whole table as stored: it would fault it all back).
-            release_pages(w.embed.data)
+            # (not when a tied head reads the whole table as stored: it would fault it all back),
+            # after every EMBED_RELEASE_ROWS rows, so that a 512-token chunk does not hold 32 MiB
+            # of them at its peak.
+            for a in range(0, r, EMBED_RELEASE_ROWS):
+                b = min(a + EMBED_RELEASE_ROWS, r)
+                _ops.embed(w.embed.data, w.embed.dtype, cfg.vocab_size, cfg.hidden_size, ids[a:b], ws.x[a:b])
+                release_pages(w.embed.data)
+        else:
+            _ops.embed(w.embed.data, w.embed.dtype, cfg.vocab_size, cfg.hidden_size, ids, ws.x)
         if self.fused and len(groups) == 1:
             g = groups[0]
             _ops.forward_layers(self._layer_stack(ws, g.cache), r, pos, g.slots, g.tables, g.row_seq)
