@@ -4,7 +4,7 @@ scattered tokens, decode 16. Reported: the kernel's high-water mark (VmHWM) afte
 the bound the README states for qwenc, the weight file + the KV cache (float16, both engines'
 default) + 100 MiB.
 
-    python bench/bench_memory.py [--model demo|PATH] [--threads 2] [--markdown]
+    python bench/bench_memory.py [--model demo|demo-1.5b|PATH] [--threads 2] [--markdown]
 
 Linux only (/proc/self/status).
 """
@@ -76,15 +76,13 @@ HEADER = ["| model | weight file | KV cache (f16) | qwenc peak RSS | bound (file
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="demo")
+    ap.add_argument("--model", default="demo", help="GGUF path or a name qwenc resolves (demo, demo-1.5b)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
-    model = args.model
-    if model == "demo":
-        sys.path.insert(0, str(ROOT))
-        from qwenc.formats.demo import demo_model_path
-        model = str(demo_model_path())
+    sys.path.insert(0, str(ROOT))
+    from qwenc.formats.resolve import resolve_model_path
+    model = str(resolve_model_path(args.model))  # llama.cpp is handed the same file
     r = measure(model, args.threads)
     print("\n".join(HEADER + [markdown(Path(model).name, r)]) if args.markdown else json.dumps(r))
 
