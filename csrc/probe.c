@@ -45,7 +45,8 @@ uint64_t qw_read_sum(const uint64_t *p, int64_t n_words) {
 #define OPAQUE_V(v) __asm__ volatile("" : "+v"(v))
 
 /* Every lane's products are of 1 by 1, so each multiply-add adds 1 to the sum of all lanes:
- * the returned sum (wrapping) is the number of multiply-adds, whatever the path. */
+ * the returned sum is the number of multiply-adds, whatever the path (for at most SEGMENT rounds
+ * per call, below). */
 
 #if QW_HAVE_X86
 __attribute__((target("avx2"))) static inline __m256i load32(const uint8_t *p) {
@@ -139,24 +140,28 @@ static uint64_t peak_plain(int64_t rounds) {
     return sum;
 }
 
+/* Rounds per call of a path's loop: its 32-bit lanes, each the sum of up to 96 products per round
+ * once the chains are added, would wrap beyond 44 million rounds (a 0.2 s run of the 512-bit
+ * path on two threads), so a long run is counted one segment at a time. */
+#define SEGMENT ((int64_t)1 << 20)
+
+static uint64_t peak_segment(int path, int64_t rounds) {
+#if QW_HAVE_X86
+    if (path >= 3) return peak_vnni512(rounds);
+    if (path == 2) return peak_vnni256(rounds);
+    if (path == 1) return peak_avx2(rounds);
+#endif
+    (void)path;
+    return peak_plain(rounds);
+}
+
 uint64_t qw_dot_peak(int64_t rounds) {
     if (rounds < 8) rounds = 8;
     rounds &= ~(int64_t)7;
     uint64_t total = 0;
     const int path = qw_simd_level();
 #pragma omp parallel num_threads(qw_get_threads()) reduction(+ : total)
-    {
-#if QW_HAVE_X86
-        if (path >= 3)
-            total += peak_vnni512(rounds);
-        else if (path == 2)
-            total += peak_vnni256(rounds);
-        else if (path == 1)
-            total += peak_avx2(rounds);
-        else
-#endif
-            total += peak_plain(rounds);
-    }
-    (void)path;
+    for (int64_t done = 0; done < rounds; done += SEGMENT)
+        total += peak_segment(path, rounds - done < SEGMENT ? rounds - done : SEGMENT);
     return total;
 }

@@ -427,6 +427,20 @@ def test_dot_peak_does_the_products_it_counts(rounds, threads):
         _ops.dot_peak(-1)
 
 
+def test_dot_peak_counts_long_runs_without_wrapping():
+    """A run long enough for `qwenc bench` (0.2 s: beyond 44 million rounds on an AVX-512 core) would
+    wrap the probe's 32-bit lanes; it is counted in segments, so the count stays exact. Before,
+    `qwenc bench` reported a peak of 9-36 G/s where the probe does over 700."""
+    prev = _ops.get_threads()
+    try:
+        _ops.set_threads(1)
+        rounds = (1 << 26) + 8 * 3  # past the wrap, and not a whole number of segments
+        per_round = 24 * (64 if _ops.simd_path() == "avx512w" else 32)
+        assert _ops.dot_peak(rounds) == rounds * per_round
+    finally:
+        _ops.set_threads(prev)
+
+
 @pytest.mark.parametrize("H,Hkv,hd", [(14, 2, 64), (8, 1, 16), (16, 1, 24), (17, 1, 8), (12, 2, 128)])
 @pytest.mark.parametrize("f16", [False, True])
 def test_attention_simd_paths_give_the_same_bits(H, Hkv, hd, f16):
