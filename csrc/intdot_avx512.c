@@ -130,9 +130,9 @@ R8_TARGET INLINE __m512i pair_sum(const int T, const int levels, const __m512i C
     const int sh = offset_shift(T);
     const __m512i zero = _mm512_setzero_si512();
     if (levels == 1) {
-        if (T == QW_Q6_K) {
-            *ib = dot_steps_pair(_mm512_madd_epi16(f1, _mm512_set1_epi32(32 << 16)), C, c1, 4, 4);
-            return dot_steps_pair(_mm512_madd_epi16(f1, _mm512_set1_epi32(32)), C, c1, 0, 4);
+        if (T == QW_Q6_K) { /* each 16-value group's sum times the offset: (0, off), then (off, 0) */
+            *ib = dot_steps_pair(_mm512_madd_epi16(f1, _mm512_set1_epi32((1 << sh) << 16)), C, c1, 4, 4);
+            return dot_steps_pair(_mm512_madd_epi16(f1, _mm512_set1_epi32(1 << sh)), C, c1, 0, 4);
         }
         return dot_steps_pair(sh ? _mm512_madd_epi16(f1, _mm512_set1_epi16((short)(1 << sh))) : zero, C, c1, 0, 8);
     }
@@ -140,8 +140,8 @@ R8_TARGET INLINE __m512i pair_sum(const int T, const int levels, const __m512i C
     if (T == QW_Q6_K) { /* f1: the low group's joined sum, fl the block's */
         const __m512i ia = dot_steps_pair(zero, C, c1, 0, 4), ja = dot_steps_pair(zero, C, c1, 4, 4);
         *ib = _mm512_add_epi32(_mm512_slli_epi32(ja, 8),
-                               dot_steps_pair(_mm512_slli_epi32(_mm512_sub_epi32(fl, f1), 5), C, cl, 4, 4));
-        return _mm512_add_epi32(_mm512_slli_epi32(ia, 8), dot_steps_pair(_mm512_slli_epi32(f1, 5), C, cl, 0, 4));
+                               dot_steps_pair(_mm512_slli_epi32(_mm512_sub_epi32(fl, f1), sh), C, cl, 4, 4));
+        return _mm512_add_epi32(_mm512_slli_epi32(ia, 8), dot_steps_pair(_mm512_slli_epi32(f1, sh), C, cl, 0, 4));
     }
     const __m512i ia = dot_steps_pair(zero, C, c1, 0, 8);
     return _mm512_add_epi32(_mm512_slli_epi32(ia, 8), dot_steps_pair(sh ? _mm512_slli_epi32(fl, sh) : zero, C, cl, 0, 8));

@@ -66,7 +66,12 @@ def pair_rows(xq, K, bits):
         joined = 256 * s1 + s2
         x[f:f + 4 * nb] = (-joined[:, 0]).astype(np.int32).view(np.uint8)
         x[half + f:half + f + 4 * nb] = (-joined.sum(axis=1)).astype(np.int32).view(np.uint8)
-    rows = rows.view(np.uint32)
+    return interleave_pairs(rows)
+
+
+def interleave_pairs(xq):
+    """Rows 2p and 2p + 1 interleaved 4 bytes at a time, an odd last row paired with itself."""
+    rows = xq.view(np.uint32)
     if len(rows) % 2:
         rows = np.concatenate([rows, rows[-1:]])
     return np.ascontiguousarray(np.stack([rows[0::2], rows[1::2]], axis=2).reshape(len(rows) // 2, -1).view(np.uint8))
@@ -154,8 +159,7 @@ def test_falsifier_pair_rows_without_offset_sums(lib, avx2, name, bits):
     xq = np.ascontiguousarray(_quant.quantize_activations(x, CODE[name], bits=bits))
     want = np.empty((4, 8), np.float32)
     _ops.matmul(packed, r8, 8, K, x, want, None, bits)
-    plain = np.ascontiguousarray(np.stack([xq.view(np.uint32)[0::2], xq.view(np.uint32)[1::2]], axis=2)
-                                 .reshape(2, -1).view(np.uint8))
+    plain = interleave_pairs(xq)
     out = np.full((4, 8), np.nan, np.float32)
     assert lib.qw_test_r8_avx512(CODE[name], bits, 1, packed.ctypes.data, K, plain.ctypes.data,
                                  plain.shape[1], 4, out.ctypes.data) == 0
