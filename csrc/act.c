@@ -265,6 +265,23 @@ void qw_pair_act_rows(const uint8_t *a, const uint8_t *b, uint8_t *dst, int64_t 
     }
 }
 
+/* ---------------------------------------------------------------- AMX blocks (kernels.h) */
+
+void qw_amx_act_rows(const uint8_t *rows, size_t stride, int64_t n, int bits, uint8_t *dst) {
+    const int levels = bits == 16 ? 2 : 1;
+    const size_t half = ACT_HALF(n);
+    for (int64_t b = 0; b < n / QK; b++) {
+        uint8_t *rec = dst + (size_t)b * QW_AMX_ACT_BLOCK(bits);
+        float *d = (float *)(rec + 512 * (size_t)levels), *s = d + 16;
+        for (int m = 0; m < 16; m++) {
+            const uint8_t *row = rows + (size_t)m * stride, *last = row + (size_t)(levels - 1) * half;
+            for (int l = 0; l < levels; l++) memcpy(rec + 512 * l + 32 * m, row + (size_t)l * half + 32 * b, 32);
+            d[m] = ACT_D(last, n)[b];
+            s[m] = ACT_S(last, n)[b];
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 void qw_quantize_act(int dtype, const float *x, void *dst, int64_t n, int bits) {

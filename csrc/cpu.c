@@ -1,13 +1,20 @@
+/* syscall() (arch_prctl for the AMX tile state) is declared only with the GNU extensions. */
+#define _GNU_SOURCE
 #include "cpu.h"
 
 #include <stdlib.h>
 #include <string.h>
+#if QW_HAVE_X86 && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 /* -1: not decided yet; 0: plain C; 1: AVX2 (+FMA, F16C); 2: AVX2 and AVX-512 (F, BW, VL, VNNI)
- * on 256-bit vectors; 3: as 2, with the integer products of several act rows on 512-bit ones */
+ * on 256-bit vectors; 3: as 2, with the integer products of several act rows on 512-bit ones;
+ * 4: as 3, with those of 16 act rows on AMX tiles */
 static int simd_level = -1;
 
 int qw_cpu_has_avx2(void) {
@@ -30,8 +37,32 @@ int qw_cpu_has_avx512(void) {
 #endif
 }
 
+/* AMX-INT8 on the CPU, and the tile state granted by the kernel: Linux hands a process the
+ * 8 KiB of tile registers only when asked (arch_prctl ARCH_REQ_XCOMP_PERM); without it the first
+ * tile instruction faults. Asked once; a refusal leaves the AMX path out. */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+static int amx_state = -1;
+
+int qw_cpu_has_amx(void) {
+#if QW_HAVE_X86 && defined(__linux__)
+    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
+    if (s < 0) {
+        __builtin_cpu_init();
+        s = qw_cpu_has_avx512() && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") &&
+            syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+        __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
+    }
+    return s;
+#else
+    return 0;
+#endif
+}
+
 /* The highest path this CPU can run. */
-static int best_level(void) { return qw_cpu_has_avx512() ? 3 : qw_cpu_has_avx2() ? 1 : 0; }
+static int best_level(void) {
+    return qw_cpu_has_amx() ? 4 : qw_cpu_has_avx512() ? 3 : qw_cpu_has_avx2() ? 1 : 0;
+}
 
 /* The path taken unless told otherwise. On an Intel Xeon (Sapphire Rapids class) 512-bit
  * vpdpbusd did about twice the 256-bit one's byte products per second, and the pair kernels
@@ -41,7 +72,7 @@ static int best_level(void) { return qw_cpu_has_avx512() ? 3 : qw_cpu_has_avx2()
 static int default_level(void) {
     int best = best_level();
 #if QW_HAVE_X86
-    if (best == 3 && !__builtin_cpu_is("intel")) return 2;
+    if (best >= 3 && !__builtin_cpu_is("intel")) return 2;
 #endif
     return best;
 }
@@ -57,6 +88,8 @@ static int level(void) {
         else if (env && strcmp(env, "avx512") == 0)
             simd_level = best < 2 ? best : 2;
         else if (env && strcmp(env, "avx512w") == 0)
+            simd_level = best < 3 ? best : 3;
+        else if (env && strcmp(env, "amx") == 0)
             simd_level = best;
         else
             simd_level = default_level();
@@ -69,6 +102,8 @@ int qw_use_avx2(void) { return level() >= 1; }
 int qw_use_avx512(void) { return level() >= 2; }
 
 int qw_use_avx512w(void) { return level() >= 3; }
+
+int qw_use_amx(void) { return level() >= 4; }
 
 int qw_simd_level(void) { return level(); }
 

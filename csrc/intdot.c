@@ -423,6 +423,15 @@ qw_r8_fn qw_r8_kernel_pairs(int dtype, int bits) {
     return NULL;
 }
 
+qw_amx_fn qw_amx_kernel(int dtype, int bits) {
+    if (bits != 8 && bits != 16) return NULL;
+#if QW_HAVE_X86
+    if (qw_use_amx()) return qw_amx_kernel_x86(dtype, bits);
+#endif
+    (void)dtype;
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- one row */
 
 float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int bits) {

@@ -86,7 +86,9 @@ R8_TARGET INLINE __m256i q6_offset(const int16_t *bs, int g) {
  *   offsets (Q4_0, Q5_0, Q6_K) taken off with the act block's code sums bs; for Q6_K the sum of
  *   its first 16-value group, the second's going to *second. */
 R8_TARGET INLINE void unpack_q8(const uint8_t *codes, __m256i c[8]);
+#ifndef R8_UNPACK_ONLY
 R8_TARGET INLINE __m256i block_sum(int T, const __m256i c[8], const int8_t *x, const int16_t *bs, __m256i *second);
+#endif
 
 /* ---------------------------------------------------------------- the product
  *
@@ -141,6 +143,13 @@ R8_TARGET INLINE void unpack_sub(const int T, const uint8_t *rec, int j, __m256 
     }
     }
 }
+
+/* Every stored type with a kernel, as X(type, name): instantiates the kernels and their tables.
+ * The rest of this file (the products over act rows and their table) is left out where a file
+ * takes only the unpacking (R8_UNPACK_ONLY: intdot_amx.c). */
+#define R8_TYPES(X) X(QW_Q4_0, q4_0) X(QW_Q4_1, q4_1) X(QW_Q5_0, q5_0) X(QW_Q5_1, q5_1) \
+                    X(QW_Q8_0, q8_0) X(QW_Q4_K, q4_k) X(QW_Q5_K, q5_k) X(QW_Q6_K, q6_k)
+#ifndef R8_UNPACK_ONLY
 
 /* An act row's exact sum for block b: level 1's (row x1) and, for a 16-bit row, level 2's (at
  * xl) joined as 256 I1 + I2; Q6_K's second group likewise into *ib. */
@@ -206,9 +215,6 @@ R8_TARGET INLINE void product(const int T, const int BITS, const uint8_t *g, int
         else                                                                                                    \
             product(T, BITS, g, K, xq, xs, M, out);                                                             \
     }
-/* Every stored type with a kernel, as X(type, name): instantiates the kernels and their tables. */
-#define R8_TYPES(X) X(QW_Q4_0, q4_0) X(QW_Q4_1, q4_1) X(QW_Q5_0, q5_0) X(QW_Q5_1, q5_1) \
-                    X(QW_Q8_0, q8_0) X(QW_Q4_K, q4_k) X(QW_Q5_K, q5_k) X(QW_Q6_K, q6_k)
 #define KERNELS(T, NAME) KERNEL(T, NAME, 8) KERNEL(T, NAME, 16)
 R8_TYPES(KERNELS)
 
@@ -220,5 +226,7 @@ qw_r8_fn R8_GETTER(int dtype, int bits) {
     }
 #undef CASE
 }
+
+#endif /* R8_UNPACK_ONLY */
 
 #endif

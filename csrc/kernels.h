@@ -44,6 +44,23 @@ typedef void (*qw_r8_fn)(const uint8_t *group, int64_t K, const uint8_t *xq, siz
  *                block's (s1, s2: the levels' block code sums; lo: of the first 16 values).
  * qw_pair_act_rows builds them. */
 
+/* The AMX kernels take 16 act rows as one AMX block: per 32-value block, each level's codes as
+ * 16 rows of 32 (tile A as it is loaded, 512 bytes a level), then the last level's d and s of the
+ * 16 rows (16 floats each); QW_AMX_ACT_BLOCK bytes per 32 values. qw_amx_act_rows builds one from
+ * 16 plain act rows `stride` bytes apart. The code sums are not needed (the kernels take the code
+ * offsets off in the weights). */
+#define QW_AMX_ACT_BLOCK(bits) ((size_t)((bits) == 16 ? 2 : 1) * 512 + 128)
+void qw_amx_act_rows(const uint8_t *rows, size_t stride, int64_t n, int bits, uint8_t *dst);
+
+/* The AMX product (intdot_amx.c) of the 16 act rows of AMX block xa with the 16 rows of two
+ * repacked groups g0 and g1 (g1 NULL when there is only one: outputs 8-15 are then not
+ * meaningful): out[m * 16 + r], r < 8 from g0, r >= 8 from g1; the same bits as the other
+ * kernels' outputs for those rows. */
+typedef void (*qw_amx_fn)(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa, float *out);
+qw_amx_fn qw_amx_kernel_x86(int dtype, int bits);
+/* The AMX kernel for a stored type when the AMX path is taken (cpu.h), else NULL. */
+qw_amx_fn qw_amx_kernel(int dtype, int bits);
+
 /* Pair row `dst` (qw_act_bytes(QW_Q8_0, n, bits) bytes per row, so twice that) from the act
  * rows a and b of n values (act.c). */
 void qw_pair_act_rows(const uint8_t *a, const uint8_t *b, uint8_t *dst, int64_t n, int bits);

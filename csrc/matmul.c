@@ -80,6 +80,39 @@ static const uint8_t *quantize_rows(int bits, const float *X, int64_t M, int64_t
     return failed ? NULL : out;
 }
 
+/* X's rows for the AMX kernels: the first 16 * (M / 16) as AMX blocks (kernels.h), *block bytes
+ * each, then the rest as plain act rows, *stride bytes each. Each block's 16 plain rows are
+ * quantized into the thread's own buffer and laid out from there. NULL when out of memory. */
+static const uint8_t *quantize_amx(int bits, const float *X, int64_t M, int64_t K, size_t *block, size_t *stride) {
+    const size_t used = qw_act_bytes(QW_Q8_0, K, bits), act = (used + 63) & ~(size_t)63;
+    const size_t blk = ((size_t)(K / 32) * QW_AMX_ACT_BLOCK(bits) + 63) & ~(size_t)63;
+    const int64_t nblk = M / 16, items = nblk + M % 16;
+    uint8_t *out = grow(pair_buf, &pair_cap, blk * (size_t)nblk + act * (size_t)(M % 16));
+    if (!out) return NULL;
+    pair_buf = out;
+    int failed = 0;
+#pragma omp parallel for num_threads(qw_get_threads()) schedule(static)
+    for (int64_t it = 0; it < items; it++) {
+        if (it >= nblk) { /* a plain row past the blocks */
+            int64_t m = 16 * nblk + (it - nblk);
+            qw_quantize_act(QW_Q8_0, X + m * K, out + (size_t)nblk * blk + (size_t)(it - nblk) * act, K, bits);
+            continue;
+        }
+        uint8_t *rows = grow(act_buf, &act_cap, 16 * act);
+        if (!rows) {
+#pragma omp atomic write
+            failed = 1;
+            continue;
+        }
+        act_buf = rows;
+        for (int m = 0; m < 16; m++) qw_quantize_act(QW_Q8_0, X + (16 * it + m) * K, rows + (size_t)m * act, K, bits);
+        qw_amx_act_rows(rows, act, K, bits, out + (size_t)it * blk);
+    }
+    *block = blk;
+    *stride = act;
+    return failed ? NULL : out;
+}
+
 /* ---------------------------------------------------------------- one pass over a group
  *
  * Each product is cut into work items: tiles of widened rows (float path) or chunks of rows
@@ -95,6 +128,8 @@ typedef struct {
     int base;             /* the stored type (W's type, or the one it was repacked from) */
     int repacked;         /* W is in the R8 layout */
     int pairs;            /* idot is a pair kernel: the act rows are pair rows */
+    qw_amx_fn amx;        /* the AMX product for whole blocks of 16 act rows, or NULL */
+    size_t amx_block;     /* with amx: bytes per AMX block; the act rows past the blocks are plain */
     size_t stride;        /* bytes per stored row; per 8-row group when repacked */
     int64_t rows;         /* rows per item */
     int64_t first;        /* index of the product's first item in the group */
@@ -158,7 +193,7 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
                      int64_t m1, uint8_t *pack) {
     const qw_product *p = pl->p;
     size_t gb = qw_r8_group_bytes(pl->base, K);
-    float out[QW_R8_MAX_M * 8];
+    float out[QW_R8_MAX_M * 16];
     const uint8_t *groups;
     if (pl->repacked)
         groups = (const uint8_t *)p->W + (size_t)(n0 / 8) * gb;
@@ -172,11 +207,24 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
     }
     for (int64_t m = m0; m < m1; m += QW_R8_MAX_M) {
         int64_t mb = m1 - m < QW_R8_MAX_M ? m1 - m : QW_R8_MAX_M;
+        const uint8_t *x = xq + (size_t)(pl->pairs ? m / 2 : m) * xstride;
+        /* with amx, xq holds AMX blocks, then the plain rows of a short last block (at m) */
+        if (pl->amx) x = xq + (size_t)(m / 16) * pl->amx_block;
+        if (pl->amx && mb == 16) { /* two groups at a time; a short block takes idot (same bits) */
+            for (int64_t g0 = n0; g0 < n0 + nb; g0 += 16) {
+                int rows = n0 + nb - g0 < 16 ? (int)(n0 + nb - g0) : 16;
+                const uint8_t *ga = groups + (size_t)((g0 - n0) / 8) * gb;
+                pl->amx(ga, rows > 8 ? ga + gb : NULL, K, x, out);
+                for (int64_t i = 0; i < 16; i++)
+                    for (int r = 0; r < rows; r++)
+                        p->Y[(m + i) * p->N + g0 + r] = out[i * 16 + r] + (p->bias ? p->bias[g0 + r] : 0.0f);
+            }
+            continue;
+        }
         for (int64_t g0 = n0; g0 < n0 + nb; g0 += 8) {
             int rows = n0 + nb - g0 < 8 ? (int)(n0 + nb - g0) : 8;
             /* m is a multiple of QW_R8_MAX_M, so even: pair m / 2 starts there */
-            pl->idot(groups + (size_t)((g0 - n0) / 8) * gb, K, xq + (size_t)(pl->pairs ? m / 2 : m) * xstride, xstride,
-                     mb, out);
+            pl->idot(groups + (size_t)((g0 - n0) / 8) * gb, K, x, xstride, mb, out);
             for (int64_t i = 0; i < mb; i++)
                 for (int r = 0; r < rows; r++)
                     p->Y[(m + i) * p->N + g0 + r] = out[i * 8 + r] + (p->bias ? p->bias[g0 + r] : 0.0f);
@@ -214,20 +262,24 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     int64_t float_items = 0, round_items = 0, tile_rows = 0;
     size_t pack_bytes = 0;
     const uint8_t *xq = NULL;
-    size_t xstride = 0;
-    /* several act rows go in pairs where the SIMD path has pair kernels */
-    int pairs = act && M >= 2 && qw_r8_kernel_pairs(QW_Q8_0, act) != NULL;
+    size_t xstride = 0, amx_block = 0;
+    /* blocks of 16 act rows go on AMX tiles where the path has them (plain rows); else several
+     * act rows go in pairs where the SIMD path has pair kernels */
+    int amx = act && M >= 16 && qw_amx_kernel(QW_Q8_0, act) != NULL;
+    int pairs = !amx && act && M >= 2 && qw_r8_kernel_pairs(QW_Q8_0, act) != NULL;
     for (int i = 0; i < count; i++) {
         pl[i].p = &p[i];
         pl[i].repacked = p[i].dtype >= QW_R8;
         pl[i].base = pl[i].repacked ? p[i].dtype - QW_R8 : p[i].dtype;
         pl[i].pairs = pairs;
         pl[i].idot = !act ? NULL : pairs ? qw_r8_kernel_pairs(pl[i].base, act) : qw_r8_kernel(pl[i].base, act);
+        pl[i].amx = amx && pl[i].idot ? qw_amx_kernel(pl[i].base, act) : NULL;
         pl[i].stride = qw_row_bytes(p[i].dtype, K);
         if (pl[i].idot) {
             pl[i].rows = ROW_CHUNK;
             size_t item_bytes = qw_r8_group_bytes(pl[i].base, K) * (ROW_CHUNK / 8);
             if (!pl[i].repacked && item_bytes > pack_bytes) pack_bytes = item_bytes;
+            if (!xq && amx && !(xq = quantize_amx(act, X, M, K, &amx_block, &xstride))) return QW_ENOMEM;
             if (!xq && !(xq = quantize_rows(act, X, M, K, pairs, &xstride))) return QW_ENOMEM;
             pl[i].first = round_items;
             round_items += (p[i].N + pl[i].rows - 1) / pl[i].rows;
@@ -243,7 +295,8 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     }
     /* items: the float products' tiles (each over all M rows), then the integer products'
      * chunks round by round */
-    int64_t round_rows = xq ? act_round_rows(pairs ? xstride / 2 : xstride, M) : M;
+    for (int i = 0; i < count; i++) pl[i].amx_block = amx_block;
+    int64_t round_rows = xq ? act_round_rows(amx ? amx_block / 16 : pairs ? xstride / 2 : xstride, M) : M;
     int64_t rounds = round_items ? (M + round_rows - 1) / round_rows : 0;
     int64_t items = float_items + rounds * round_items;
     int failed = 0;

@@ -74,7 +74,8 @@ def dot_instruction() -> str:
     """The multiply-add instruction measure_dot_peak times on the current path, in words."""
     from . import _ops
     return {"plain": "plain C byte products", "avx2": "AVX2 vpmaddubsw (with its adds)",
-            "avx512": "256-bit vpdpbusd", "avx512w": "512-bit vpdpbusd"}[_ops.simd_path()]
+            "avx512": "256-bit vpdpbusd", "avx512w": "512-bit vpdpbusd",
+            "amx": "512-bit vpdpbusd (the AMX tiles are not probed)"}[_ops.simd_path()]
 
 
 def int_products_per_token(model, logits_rows: float = 1.0) -> float:
@@ -99,7 +100,9 @@ def kernel_path() -> str:
     return {"plain": "plain C", "avx2": "AVX2+FMA+F16C",
             "avx512": "AVX2+FMA+F16C, AVX-512 VNNI integer products and AVX-512 attention",
             "avx512w": "AVX2+FMA+F16C, AVX-512 VNNI integer products (512-bit for several act rows) and "
-                       "AVX-512 attention"}[_ops.simd_path()]
+                       "AVX-512 attention",
+            "amx": "AVX2+FMA+F16C, AVX-512 VNNI integer products (512-bit for several act rows, AMX tiles "
+                   "for 16 at a time) and AVX-512 attention"}[_ops.simd_path()]
 
 
 def roofline(model):

@@ -712,6 +712,67 @@ def test_matmul_decode_path_int(name, M, bits, simd):
         np.testing.assert_array_equal(y[m], want)
 
 
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+@pytest.mark.parametrize("bits", [8, 16])
+def test_matmul_prefill_sized_paths_give_the_same_bits(name, bits):
+    """Prefill-sized products (M >= 16) on every SIMD path this CPU has: the pair kernels
+    (avx512w) and the AMX tiles (amx: 16 act rows against 16 weight rows per tile product, a
+    short last block of act rows and an odd last group of weight rows on the other kernels) give
+    the 256-bit kernels' bits, which are dot_rows_act's for each row, within the integer dot's
+    bound of the exact product. Row counts leave short blocks (17, 35) and an odd group (37
+    rows: 4 whole groups and 5 rows)."""
+    from qwenc import _ops
+    simd = [p for p in _ops.simd_paths() if p != "plain"]
+    if not simd:
+        pytest.skip("CPU without AVX2/FMA/F16C")
+    N, K = 37, 768
+    data = synthetic(name, N, K, seed=bits + 7)
+    w = ref_dequantize(data, GT[name]).reshape(N, K)
+    mins = weight_mins(data, name, N, K)
+    for M in (16, 17, 35, 48):
+        x = act_inputs(K, np.random.default_rng(M))[np.arange(M) % 3]
+        x = x * np.random.default_rng(M).uniform(0.5, 2.0, (M, 1)).astype(np.float32)
+        outs = {}
+        prev = _ops.simd_path(), _quant.simd_path()
+        try:
+            for p in simd:
+                _ops.set_simd_path(p)
+                _quant.set_simd_path(p)
+                y = np.full((M, N), np.nan, np.float32)
+                _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y, None, bits)
+                outs[p] = y
+            _quant.set_simd_path(simd[0])
+            xq = _quant.quantize_activations(x, CODE[name], bits=bits)
+            want = np.stack([_quant.dot_rows_act(data, CODE[name], N, K, xq[m], bits=bits) for m in range(M)])
+        finally:
+            _ops.set_simd_path(prev[0])
+            _quant.set_simd_path(prev[1])
+        for p, y in outs.items():
+            assert_same_bits(y, want)
+        for m in range(M):
+            assert_int_dot_close(want[m], w, row_values(xq[m], K, bits), mins)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_matmul_prefill_rows_do_not_mix(bits, simd):
+    """A change in one act row changes that row's outputs only, on every path, at the last row of
+    a 16-row block and at the first (the AMX kernels take 16 rows per tile: a row read from the
+    wrong place in the block would show here)."""
+    from qwenc import _ops
+    N, K, M = 24, 512, 32
+    data = synthetic("Q4_K", N, K, seed=3).reshape(-1)
+    x = np.random.default_rng(bits).standard_normal((M, K)).astype(np.float32)
+    y0 = np.empty((M, N), np.float32)
+    _ops.matmul(data, CODE["Q4_K"], N, K, x, y0, None, bits)
+    for row in (15, 16):
+        x2 = x.copy()
+        x2[row] *= -1.5
+        y = np.empty((M, N), np.float32)
+        _ops.matmul(data, CODE["Q4_K"], N, K, x2, y, None, bits)
+        changed = ~(y == y0).all(axis=1)
+        assert changed.tolist() == [m == row for m in range(M)]
+
+
 def test_matmul_activation_modes_bit_for_bit():
     """act=f32 (the default) is the float fused dot, act=int8 the integer dot, bit for bit; both
     per call, so two models in one process can differ. An unknown code is refused."""

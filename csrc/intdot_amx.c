@@ -1,0 +1,275 @@
+/* AMX integer products: 16 act rows against 16 weight rows (two repacked 8-row groups) per tile
+ * multiply, in quant.h's one order.
+ *
+ * A block's exact integer sums come from the tile unit instead of vpdpbusd: the act codes of 16
+ * act rows are tile A (16 rows of a block's 32 codes, laid out as the tile is loaded: kernels.h's
+ * AMX blocks; read in place from the plain rows, 16 rows 4-24 KiB apart, they made the product
+ * only 9% faster than the 512-bit kernels),
+ * the two groups' unpacked step vectors are tile B (step s, 4 codes per weight row, is B's row s:
+ * the repacked layout is already what the tile unit wants), and C[m][r] is act row m's sum with
+ * weight row r. The codes with an offset (Q4_0, Q5_0, Q6_K) are unpacked with it taken off, signed,
+ * so that the sums need no correction (tdpbssd; Q8_0's codes are signed as stored); the others
+ * stay unsigned (tdpbsud). These are the same integers the vpdpbusd kernels reach, a 16-bit row's
+ * two levels joined the same way (256 I1 + I2), and the float work after them is the same
+ * operations in the same order per output, so every path gives the same bits.
+ *
+ * One tile multiply does 16 x 16 x 32 products, where the 512-bit kernels need 16 vpdpbusd and
+ * their chain adds per level for the same work; what is left on the vector units is a block's
+ * float work (per output row: the level join, cvt, scale multiply and FMA) and the unpacking,
+ * which is shared by all 16 act rows. The mins of Q4_1, Q5_1, Q4_K and Q5_K depend on no code,
+ * so they are summed in a pass of their own (the same FMAs in the same order), which keeps the
+ * main loop's 16 accumulators in registers.
+ *
+ * Compiled for CPUs with AMX-INT8 (cpu.c checks the CPU and asks the kernel for the tile state at
+ * run time). A thread loads its tile configuration on its first call and after a call for the
+ * other configuration (Q6_K's 16-value groups take smaller tiles). */
+#include "kernels.h"
+#include "qblock.h"
+
+#if QW_HAVE_X86 && !defined(QW_SIMDE)
+#include <immintrin.h>
+#define R8_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+#define R8_UNPACK_ONLY
+#include "intdot_x86.h"
+
+/* Q8_0's codes as stored (signed): tdpbssd takes them as they are. */
+R8_TARGET INLINE void unpack_q8(const uint8_t *codes, __m256i c[8]) {
+    for (int s = 0; s < 8; s++) c[s] = load32(codes + 32 * s);
+}
+
+/* The code offset of the types that have one, taken off in the unpacking (0: unsigned codes). */
+INLINE int code_offset(const int T) {
+    return T == QW_Q4_0 ? 8 : T == QW_Q5_0 ? 16 : T == QW_Q6_K ? 32 : 0;
+}
+
+INLINE int signed_codes(const int T) { return code_offset(T) != 0 || T == QW_Q8_0; }
+
+/* ---------------------------------------------------------------- tile configurations
+ *
+ * Config 0 (blocks of 32 codes): C tiles 0, 1 (levels 1, 2: 16 x 16 int32), A tiles 2, 3 (16
+ * act rows x 32 codes), B tile 4 (8 steps x 16 weight rows x 4 codes).
+ * Config 1 (Q6_K, groups of 16 codes): C tiles 0, 1 (level 1, groups 0 and 1), 2, 3 (level 2),
+ * A tiles 4, 5 (levels 1, 2: 16 act rows x 16 codes), B tiles 6, 7 (4 steps each). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+static _Thread_local int loaded_config = -1;
+
+/* The tile loads and stores and the config load as asm that tells the compiler what memory they
+ * touch: GCC 12's intrinsics declare only 8 bytes of the config read and no memory read by a tile
+ * load, so the stores filling a config or tile B could be dropped or moved past them. */
+#define TILE_LOAD(t, base, stride) \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(base)), "r"((long)(stride)) : "memory")
+#define TILE_STORE(t, base, stride) \
+    __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"((void *)(base)), "r"((long)(stride)) : "memory")
+
+R8_TARGET static void use_config(int which) {
+    if (loaded_config == which) return;
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    if (which == 0) {
+        const int rows[5] = {16, 16, 16, 16, 8}, colsb[5] = {64, 64, 32, 32, 64};
+        for (int t = 0; t < 5; t++) c.rows[t] = (uint8_t)rows[t], c.colsb[t] = (uint16_t)colsb[t];
+    } else {
+        const int rows[8] = {16, 16, 16, 16, 16, 16, 4, 4}, colsb[8] = {64, 64, 64, 64, 16, 16, 64, 64};
+        for (int t = 0; t < 8; t++) c.rows[t] = (uint8_t)rows[t], c.colsb[t] = (uint16_t)colsb[t];
+    }
+    __asm__ volatile("ldtilecfg %0" ::"m"(c));
+    loaded_config = which;
+}
+
+/* ---------------------------------------------------------------- the product */
+
+/* Two groups' step vectors side by side: B's row s is group 0's step s, then group 1's. */
+R8_TARGET INLINE void put_steps(uint8_t *B, const __m256i c[8], int half) {
+    for (int s = 0; s < 8; s++) _mm256_store_si256((__m256i *)(B + 64 * s + 32 * half), c[s]);
+}
+
+R8_TARGET INLINE void take_offset(const int T, __m256i c[8]) {
+    const int off = code_offset(T);
+    if (!off) return;
+    const __m256i o = _mm256_set1_epi8((char)off);
+    for (int s = 0; s < 8; s++) c[s] = _mm256_sub_epi8(c[s], o);
+}
+
+R8_TARGET INLINE __m512 join_ps(__m256 lo, __m256 hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+/* C tile t's product of A tile a and B tile b: the signed or unsigned form for the codes. */
+#define DP(T, t, a, b)                       \
+    do {                                     \
+        if (signed_codes(T))                 \
+            _tile_dpbssd(t, a, b);           \
+        else                                 \
+            _tile_dpbsud(t, a, b);           \
+    } while (0)
+
+/* The sums of the 16 act rows of AMX block record x (kernels.h) with the 16 rows of groups g0
+ * and g1 (g1 NULL: zeros for rows 8-15) in tile B: C tiles stored to Cb (1 KiB each, in the
+ * configurations' C order). */
+R8_TARGET INLINE void block_tiles(const int T, const int levels, const uint8_t *B, const uint8_t *x, int32_t *Cb) {
+    const uint8_t *x1 = x, *x2 = x + 512;
+    if (T == QW_Q6_K) {
+        TILE_LOAD(6, B, 64);
+        TILE_LOAD(7, B + 256, 64);
+        _tile_zero(0);
+        _tile_zero(1);
+        TILE_LOAD(4, x1, 32);
+        DP(T, 0, 4, 6);
+        TILE_LOAD(4, x1 + 16, 32);
+        DP(T, 1, 4, 7);
+        if (levels == 2) {
+            _tile_zero(2);
+            _tile_zero(3);
+            TILE_LOAD(5, x2, 32);
+            DP(T, 2, 5, 6);
+            TILE_LOAD(5, x2 + 16, 32);
+            DP(T, 3, 5, 7);
+        }
+        TILE_STORE(0, Cb, 64);
+        TILE_STORE(1, Cb + 256, 64);
+        if (levels == 2) {
+            TILE_STORE(2, Cb + 512, 64);
+            TILE_STORE(3, Cb + 768, 64);
+        }
+        return;
+    }
+    TILE_LOAD(4, B, 64);
+    _tile_zero(0);
+    TILE_LOAD(2, x1, 32);
+    DP(T, 0, 2, 4);
+    if (levels == 2) {
+        _tile_zero(1);
+        TILE_LOAD(3, x2, 32);
+        DP(T, 1, 3, 4);
+    }
+    TILE_STORE(0, Cb, 64);
+    if (levels == 2) TILE_STORE(1, Cb + 256, 64);
+}
+
+/* Act row m's exact sum (a 16-bit row's levels joined, 256 I1 + I2) from C tiles stored at c1
+ * (level 1) and c2 (level 2). */
+R8_TARGET INLINE __m512i joined(const int levels, const int32_t *c1, const int32_t *c2, int m) {
+    const __m512i i1 = _mm512_load_si512(c1 + 16 * m);
+    if (levels == 1) return i1;
+    return _mm512_add_epi32(_mm512_slli_epi32(i1, 8), _mm512_load_si512(c2 + 16 * m));
+}
+
+/* Blocks per phase: a phase unpacks CHUNK blocks into tiles B, then runs their tile products,
+ * then their float work, so that each step's stores are done with by the time the next step
+ * reads them (one block at a time, each tile load waited on the stores just made: the product
+ * was only 14% faster than the 512-bit kernels). */
+#define CHUNK 8
+
+/* out[m * 16 + r]: act row m (of the AMX block xa) with row r of group g0 (r < 8) or g1 (r >= 8;
+ * g1 NULL: those outputs are not meaningful). */
+R8_TARGET INLINE void product_amx(const int T, const int BITS, const uint8_t *g0, const uint8_t *g1, int64_t K,
+                                  const uint8_t *xa, float *out) {
+    const int bs = IS_K(T) ? 256 : 32, subs = bs / 32, levels = BITS == 16 ? 2 : 1;
+    const int rb = record_bytes(T);
+    const size_t ab = QW_AMX_ACT_BLOCK(BITS);
+    const int cper = T == QW_Q6_K ? 1024 : 512; /* int32 of C per block */
+    _Alignas(64) uint8_t B[CHUNK][512];
+    _Alignas(64) int32_t Cb[CHUNK * 1024];
+    _Alignas(64) float S[CHUNK][16], Sb[CHUNK][16];
+    use_config(T == QW_Q6_K ? 1 : 0);
+    if (!g1) memset(B, 0, sizeof B);
+    __m512 acc[16];
+    for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
+    const int64_t nblocks = K / 32;
+    for (int64_t b0 = 0; b0 < nblocks; b0 += CHUNK) {
+        const int n = nblocks - b0 < CHUNK ? (int)(nblocks - b0) : CHUNK;
+        for (int k = 0; k < n; k++) {
+            const int64_t b = b0 + k, i = b / subs;
+            const int j = (int)(b % subs);
+            const uint8_t *rec0 = g0 + (size_t)i * (size_t)rb, *rec1 = g1 ? g1 + (size_t)i * (size_t)rb : NULL;
+            const __m256 D0 = f16x8(rec0), D1 = rec1 ? f16x8(rec1) : _mm256_setzero_ps();
+            const __m256 Dmin0 = IS_K(T) && T != QW_Q6_K ? f16x8(rec0 + 16) : _mm256_setzero_ps();
+            const __m256 Dmin1 = IS_K(T) && T != QW_Q6_K && rec1 ? f16x8(rec1 + 16) : _mm256_setzero_ps();
+            __m256i c[8];
+            __m256 S0, Sb0, S1 = _mm256_setzero_ps(), Sb1 = _mm256_setzero_ps(), Mv = _mm256_setzero_ps();
+            qw_prefetch_share(rec0, rb, subs, j);
+            unpack_sub(T, rec0, j, D0, Dmin0, c, &S0, &Sb0, &Mv);
+            take_offset(T, c);
+            put_steps(B[k], c, 0);
+            if (rec1) {
+                qw_prefetch_share(rec1, rb, subs, j);
+                unpack_sub(T, rec1, j, D1, Dmin1, c, &S1, &Sb1, &Mv);
+                take_offset(T, c);
+                put_steps(B[k], c, 1);
+            }
+            _mm512_store_ps(S[k], join_ps(S0, S1));
+            if (T == QW_Q6_K) _mm512_store_ps(Sb[k], join_ps(Sb0, Sb1));
+        }
+        for (int k = 0; k < n; k++) block_tiles(T, levels, B[k], xa + (size_t)(b0 + k) * ab, Cb + k * cper);
+        for (int k = 0; k < n; k++) {
+            const float *dx = (const float *)(xa + (size_t)(b0 + k) * ab + 512 * (size_t)levels);
+            const int32_t *cb = Cb + k * cper;
+            const __m512 Sk = _mm512_load_ps(S[k]);
+            /* Q6_K's C order: level 1 groups 0, 1, then level 2's; the others: levels 1, 2 */
+            const int32_t *ca1 = cb, *ca2 = cb + (T == QW_Q6_K ? 512 : 256);
+            for (int m = 0; m < 16; m++) {
+                const __m512 d = _mm512_set1_ps(dx[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(joined(levels, ca1, ca2, m)), _mm512_mul_ps(Sk, d), acc[m]);
+                if (T == QW_Q6_K)
+                    acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(joined(levels, cb + 256, cb + 768, m)),
+                                             _mm512_mul_ps(_mm512_load_ps(Sb[k]), d), acc[m]);
+            }
+        }
+    }
+    if (HAS_MIN(T)) {
+        /* the mins: macc = fma(M, s, macc) block by block, as in the other kernels */
+        __m512 macc[16];
+        for (int m = 0; m < 16; m++) macc[m] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < K / bs; i++) {
+            const uint8_t *rec0 = g0 + (size_t)i * (size_t)rb, *rec1 = g1 ? g1 + (size_t)i * (size_t)rb : NULL;
+            for (int j = 0; j < subs; j++) {
+                const int64_t b = i * subs + j;
+                const float *sx = (const float *)(xa + (size_t)b * ab + 512 * (size_t)levels) + 16;
+                __m256 M0, M1 = _mm256_setzero_ps();
+                if (T == QW_Q4_1 || T == QW_Q5_1) {
+                    M0 = f16x8(rec0 + 16);
+                    if (rec1) M1 = f16x8(rec1 + 16);
+                } else {
+                    M0 = _mm256_mul_ps(f16x8(rec0 + 16), u8x8_ps(rec0 + 96 + 8 * j));
+                    if (rec1) M1 = _mm256_mul_ps(f16x8(rec1 + 16), u8x8_ps(rec1 + 96 + 8 * j));
+                }
+                const __m512 Mv = join_ps(M0, M1);
+                for (int m = 0; m < 16; m++) macc[m] = _mm512_fmadd_ps(Mv, _mm512_set1_ps(sx[m]), macc[m]);
+            }
+        }
+        for (int m = 0; m < 16; m++)
+            acc[m] = T == QW_Q4_1 || T == QW_Q5_1 ? _mm512_add_ps(acc[m], macc[m]) : _mm512_sub_ps(acc[m], macc[m]);
+    }
+    for (int m = 0; m < 16; m++) _mm512_storeu_ps(out + 16 * m, acc[m]);
+}
+
+#define AMX(T, NAME, BITS)                                                                                      \
+    R8_TARGET static void amx_##NAME##_##BITS(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa, \
+                                              float *out) {                                                     \
+        product_amx(T, BITS, g0, g1, K, xa, out);                                                               \
+    }
+#define AMXS(T, NAME) AMX(T, NAME, 8) AMX(T, NAME, 16)
+R8_TYPES(AMXS)
+
+qw_amx_fn qw_amx_kernel_x86(int dtype, int bits) {
+#define CASE(T, NAME) case T: return bits == 16 ? amx_##NAME##_16 : amx_##NAME##_8;
+    switch (dtype) {
+    R8_TYPES(CASE)
+    default: return NULL;
+    }
+#undef CASE
+}
+
+#else
+qw_amx_fn qw_amx_kernel_x86(int dtype, int bits) {
+    (void)dtype;
+    (void)bits;
+    return NULL;
+}
+#endif
