@@ -117,20 +117,19 @@ R8_TARGET INLINE void block_tiles(const int T, const int levels, const uint8_t *
     if (T == QW_Q6_K) {
         TILE_LOAD(6, B, 64);
         TILE_LOAD(7, B + 256, 64);
-        _tile_zero(0);
-        _tile_zero(1);
-        TILE_LOAD(4, x1, 32);
-        DP(T, 0, 4, 6);
-        TILE_LOAD(4, x1 + 16, 32);
-        DP(T, 1, 4, 7);
-        if (levels == 2) {
-            _tile_zero(2);
-            _tile_zero(3);
-            TILE_LOAD(5, x2, 32);
-            DP(T, 2, 5, 6);
-            TILE_LOAD(5, x2 + 16, 32);
-            DP(T, 3, 5, 7);
-        }
+        /* one level: C tiles c0, c1 (groups 0, 1) from act codes xp through A tile a */
+#define Q6_LEVEL(c0, c1, a, xp)     \
+    do {                            \
+        _tile_zero(c0);             \
+        _tile_zero(c1);             \
+        TILE_LOAD(a, xp, 32);       \
+        DP(T, c0, a, 6);            \
+        TILE_LOAD(a, (xp) + 16, 32); \
+        DP(T, c1, a, 7);            \
+    } while (0)
+        Q6_LEVEL(0, 1, 4, x1);
+        if (levels == 2) Q6_LEVEL(2, 3, 5, x2);
+#undef Q6_LEVEL
         TILE_STORE(0, Cb, 64);
         TILE_STORE(1, Cb + 256, 64);
         if (levels == 2) {
