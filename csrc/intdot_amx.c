@@ -21,8 +21,7 @@
  * main loop's 16 accumulators in registers.
  *
  * Compiled for CPUs with AMX-INT8 (cpu.c checks the CPU and asks the kernel for the tile state at
- * run time). A thread loads its tile configuration on its first call and after a call for the
- * other configuration (Q6_K's 16-value groups take smaller tiles). */
+ * run time). */
 #include "kernels.h"
 #include "qblock.h"
 
@@ -56,8 +55,6 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-static _Thread_local int loaded_config = -1;
-
 /* The tile loads and stores and the config load as asm that tells the compiler what memory they
  * touch: GCC 12's intrinsics declare only 8 bytes of the config read and no memory read by a tile
  * load, so the stores filling a config or tile B could be dropped or moved past them. */
@@ -66,8 +63,11 @@ static _Thread_local int loaded_config = -1;
 #define TILE_STORE(t, base, stride) \
     __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"((void *)(base)), "r"((long)(stride)) : "memory")
 
+/* Loaded at every call, and the tiles released at its end: another library in the process (a
+ * second copy of these kernels, a BLAS with AMX) may configure the tiles of the same thread
+ * between two calls, and a configuration remembered across calls then ran tile instructions on
+ * the wrong shapes (an invalid-opcode fault). */
 R8_TARGET static void use_config(int which) {
-    if (loaded_config == which) return;
     tile_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
@@ -79,7 +79,6 @@ R8_TARGET static void use_config(int which) {
         for (int t = 0; t < 8; t++) c.rows[t] = (uint8_t)rows[t], c.colsb[t] = (uint16_t)colsb[t];
     }
     __asm__ volatile("ldtilecfg %0" ::"m"(c));
-    loaded_config = which;
 }
 
 /* ---------------------------------------------------------------- the product */
@@ -111,7 +110,8 @@ R8_TARGET INLINE __m512 join_ps(__m256 lo, __m256 hi) {
 
 /* The sums of the 16 act rows of AMX block record x (kernels.h) with the 16 rows of groups g0
  * and g1 (g1 NULL: zeros for rows 8-15) in tile B: C tiles stored to Cb (1 KiB each, in the
- * configurations' C order). */
+ * configurations' C order). (Even and odd blocks on tiles of their own, each block's C stores
+ * after the next block's products, measured no faster.) */
 R8_TARGET INLINE void block_tiles(const int T, const int levels, const uint8_t *B, const uint8_t *x, int32_t *Cb) {
     const uint8_t *x1 = x, *x2 = x + 512;
     if (T == QW_Q6_K) {
@@ -159,57 +159,73 @@ R8_TARGET INLINE __m512i joined(const int levels, const int32_t *c1, const int32
     return _mm512_add_epi32(_mm512_slli_epi32(i1, 8), _mm512_load_si512(c2 + 16 * m));
 }
 
-/* Blocks per phase: a phase unpacks CHUNK blocks into tiles B, then runs their tile products,
- * then their float work, so that each step's stores are done with by the time the next step
- * reads them (one block at a time, each tile load waited on the stores just made: the product
- * was only 14% faster than the 512-bit kernels). */
+/* Blocks per phase: a phase runs CHUNK blocks' tile products, then their float work, so that
+ * the tile stores are done with by the time the vector loads read them. */
 #define CHUNK 8
 
-/* out[m * 16 + r]: act row m (of the AMX block xa) with row r of group g0 (r < 8) or g1 (r >= 8;
- * g1 NULL: those outputs are not meaningful). */
-R8_TARGET INLINE void product_amx(const int T, const int BITS, const uint8_t *g0, const uint8_t *g1, int64_t K,
-                                  const uint8_t *xa, float *out) {
-    const int bs = IS_K(T) ? 256 : 32, subs = bs / 32, levels = BITS == 16 ? 2 : 1;
+/* The work area per 32-value block: tile B (512 bytes), then S, Sb (Q6_K's second group) and the
+ * min factors M of the 16 weight rows (16 floats each). */
+#define WORK_B 0
+#define WORK_S 512
+#define WORK_SB 576
+#define WORK_M 640
+
+/* The two groups' blocks unpacked into the work area, once for every act block of the call (one
+ * unpacking per 16 act rows made it a third of the product's time). */
+R8_TARGET INLINE void unpack_groups(const int T, const uint8_t *g0, const uint8_t *g1, int64_t K, uint8_t *work) {
+    const int bs = IS_K(T) ? 256 : 32, subs = bs / 32;
     const int rb = record_bytes(T);
+    for (int64_t i = 0; i < K / bs; i++) {
+        const uint8_t *rec[2] = {g0 + (size_t)i * (size_t)rb, g1 ? g1 + (size_t)i * (size_t)rb : NULL};
+        __m256 D[2], Dmin[2], M[2];
+        for (int h = 0; h < 2; h++) {
+            D[h] = Dmin[h] = M[h] = _mm256_setzero_ps();
+            if (!rec[h]) continue;
+            D[h] = f16x8(rec[h]);
+            if (T == QW_Q4_1 || T == QW_Q5_1) M[h] = f16x8(rec[h] + 16);
+            if (T == QW_Q4_K || T == QW_Q5_K) Dmin[h] = f16x8(rec[h] + 16);
+        }
+        for (int j = 0; j < subs; j++) {
+            uint8_t *w = work + (size_t)(i * subs + j) * 704;
+            __m256 S[2], Sb[2];
+            for (int h = 0; h < 2; h++) {
+                __m256i c[8];
+                S[h] = Sb[h] = _mm256_setzero_ps();
+                if (!rec[h]) {
+                    for (int s = 0; s < 8; s++) c[s] = _mm256_setzero_si256();
+                } else {
+                    qw_prefetch_share(rec[h], rb, subs, j);
+                    unpack_sub(T, rec[h], j, D[h], Dmin[h], c, &S[h], &Sb[h], &M[h]);
+                    take_offset(T, c);
+                }
+                put_steps(w + WORK_B, c, h);
+            }
+            _mm512_store_ps((float *)(w + WORK_S), join_ps(S[0], S[1]));
+            _mm512_store_ps((float *)(w + WORK_SB), join_ps(Sb[0], Sb[1]));
+            _mm512_store_ps((float *)(w + WORK_M), join_ps(M[0], M[1]));
+        }
+    }
+}
+
+/* out[m * 16 + r] for the 16 act rows of AMX block xa, from the unpacked work area. */
+R8_TARGET INLINE void block_product(const int T, const int BITS, int64_t K, const uint8_t *xa, const uint8_t *work,
+                                    float *out) {
+    const int levels = BITS == 16 ? 2 : 1;
     const size_t ab = QW_AMX_ACT_BLOCK(BITS);
     const int cper = T == QW_Q6_K ? 1024 : 512; /* int32 of C per block */
-    _Alignas(64) uint8_t B[CHUNK][512];
     _Alignas(64) int32_t Cb[CHUNK * 1024];
-    _Alignas(64) float S[CHUNK][16], Sb[CHUNK][16];
-    use_config(T == QW_Q6_K ? 1 : 0);
-    if (!g1) memset(B, 0, sizeof B);
     __m512 acc[16];
     for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
     const int64_t nblocks = K / 32;
     for (int64_t b0 = 0; b0 < nblocks; b0 += CHUNK) {
         const int n = nblocks - b0 < CHUNK ? (int)(nblocks - b0) : CHUNK;
+        for (int k = 0; k < n; k++)
+            block_tiles(T, levels, work + (size_t)(b0 + k) * 704 + WORK_B, xa + (size_t)(b0 + k) * ab, Cb + k * cper);
         for (int k = 0; k < n; k++) {
-            const int64_t b = b0 + k, i = b / subs;
-            const int j = (int)(b % subs);
-            const uint8_t *rec0 = g0 + (size_t)i * (size_t)rb, *rec1 = g1 ? g1 + (size_t)i * (size_t)rb : NULL;
-            const __m256 D0 = f16x8(rec0), D1 = rec1 ? f16x8(rec1) : _mm256_setzero_ps();
-            const __m256 Dmin0 = IS_K(T) && T != QW_Q6_K ? f16x8(rec0 + 16) : _mm256_setzero_ps();
-            const __m256 Dmin1 = IS_K(T) && T != QW_Q6_K && rec1 ? f16x8(rec1 + 16) : _mm256_setzero_ps();
-            __m256i c[8];
-            __m256 S0, Sb0, S1 = _mm256_setzero_ps(), Sb1 = _mm256_setzero_ps(), Mv = _mm256_setzero_ps();
-            qw_prefetch_share(rec0, rb, subs, j);
-            unpack_sub(T, rec0, j, D0, Dmin0, c, &S0, &Sb0, &Mv);
-            take_offset(T, c);
-            put_steps(B[k], c, 0);
-            if (rec1) {
-                qw_prefetch_share(rec1, rb, subs, j);
-                unpack_sub(T, rec1, j, D1, Dmin1, c, &S1, &Sb1, &Mv);
-                take_offset(T, c);
-                put_steps(B[k], c, 1);
-            }
-            _mm512_store_ps(S[k], join_ps(S0, S1));
-            if (T == QW_Q6_K) _mm512_store_ps(Sb[k], join_ps(Sb0, Sb1));
-        }
-        for (int k = 0; k < n; k++) block_tiles(T, levels, B[k], xa + (size_t)(b0 + k) * ab, Cb + k * cper);
-        for (int k = 0; k < n; k++) {
+            const uint8_t *w = work + (size_t)(b0 + k) * 704;
             const float *dx = (const float *)(xa + (size_t)(b0 + k) * ab + 512 * (size_t)levels);
             const int32_t *cb = Cb + k * cper;
-            const __m512 Sk = _mm512_load_ps(S[k]);
+            const __m512 Sk = _mm512_load_ps((const float *)(w + WORK_S));
             /* Q6_K's C order: level 1 groups 0, 1, then level 2's; the others: levels 1, 2 */
             const int32_t *ca1 = cb, *ca2 = cb + (T == QW_Q6_K ? 512 : 256);
             for (int m = 0; m < 16; m++) {
@@ -217,7 +233,7 @@ R8_TARGET INLINE void product_amx(const int T, const int BITS, const uint8_t *g0
                 acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(joined(levels, ca1, ca2, m)), _mm512_mul_ps(Sk, d), acc[m]);
                 if (T == QW_Q6_K)
                     acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(joined(levels, cb + 256, cb + 768, m)),
-                                             _mm512_mul_ps(_mm512_load_ps(Sb[k]), d), acc[m]);
+                                             _mm512_mul_ps(_mm512_load_ps((const float *)(w + WORK_SB)), d), acc[m]);
             }
         }
     }
@@ -225,22 +241,10 @@ R8_TARGET INLINE void product_amx(const int T, const int BITS, const uint8_t *g0
         /* the mins: macc = fma(M, s, macc) block by block, as in the other kernels */
         __m512 macc[16];
         for (int m = 0; m < 16; m++) macc[m] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < K / bs; i++) {
-            const uint8_t *rec0 = g0 + (size_t)i * (size_t)rb, *rec1 = g1 ? g1 + (size_t)i * (size_t)rb : NULL;
-            for (int j = 0; j < subs; j++) {
-                const int64_t b = i * subs + j;
-                const float *sx = (const float *)(xa + (size_t)b * ab + 512 * (size_t)levels) + 16;
-                __m256 M0, M1 = _mm256_setzero_ps();
-                if (T == QW_Q4_1 || T == QW_Q5_1) {
-                    M0 = f16x8(rec0 + 16);
-                    if (rec1) M1 = f16x8(rec1 + 16);
-                } else {
-                    M0 = _mm256_mul_ps(f16x8(rec0 + 16), u8x8_ps(rec0 + 96 + 8 * j));
-                    if (rec1) M1 = _mm256_mul_ps(f16x8(rec1 + 16), u8x8_ps(rec1 + 96 + 8 * j));
-                }
-                const __m512 Mv = join_ps(M0, M1);
-                for (int m = 0; m < 16; m++) macc[m] = _mm512_fmadd_ps(Mv, _mm512_set1_ps(sx[m]), macc[m]);
-            }
+        for (int64_t b = 0; b < nblocks; b++) {
+            const float *sx = (const float *)(xa + (size_t)b * ab + 512 * (size_t)levels) + 16;
+            const __m512 Mv = _mm512_load_ps((const float *)(work + (size_t)b * 704 + WORK_M));
+            for (int m = 0; m < 16; m++) macc[m] = _mm512_fmadd_ps(Mv, _mm512_set1_ps(sx[m]), macc[m]);
         }
         for (int m = 0; m < 16; m++)
             acc[m] = T == QW_Q4_1 || T == QW_Q5_1 ? _mm512_add_ps(acc[m], macc[m]) : _mm512_sub_ps(acc[m], macc[m]);
@@ -248,10 +252,20 @@ R8_TARGET INLINE void product_amx(const int T, const int BITS, const uint8_t *g0
     for (int m = 0; m < 16; m++) _mm512_storeu_ps(out + 16 * m, acc[m]);
 }
 
+/* (Writing each block's outputs to Y from here, at Y's row stride, made the 1.5B's gate and up
+ * products 26% slower than writing them here and copying after.) */
+R8_TARGET INLINE void product_amx(const int T, const int BITS, const uint8_t *g0, const uint8_t *g1, int64_t K,
+                                  const uint8_t *xa, size_t astride, int64_t n, uint8_t *work, float *out) {
+    use_config(T == QW_Q6_K ? 1 : 0);
+    unpack_groups(T, g0, g1, K, work);
+    for (int64_t j = 0; j < n; j++) block_product(T, BITS, K, xa + (size_t)j * astride, work, out + 256 * j);
+    _tile_release();
+}
+
 #define AMX(T, NAME, BITS)                                                                                      \
     R8_TARGET static void amx_##NAME##_##BITS(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa, \
-                                              float *out) {                                                     \
-        product_amx(T, BITS, g0, g1, K, xa, out);                                                               \
+                                              size_t astride, int64_t n, uint8_t *work, float *out) {          \
+        product_amx(T, BITS, g0, g1, K, xa, astride, n, work, out);                                             \
     }
 #define AMXS(T, NAME) AMX(T, NAME, 8) AMX(T, NAME, 16)
 R8_TYPES(AMXS)

@@ -52,11 +52,14 @@ typedef void (*qw_r8_fn)(const uint8_t *group, int64_t K, const uint8_t *xq, siz
 #define QW_AMX_ACT_BLOCK(bits) ((size_t)((bits) == 16 ? 2 : 1) * 512 + 128)
 void qw_amx_act_rows(const uint8_t *rows, size_t stride, int64_t n, int bits, uint8_t *dst);
 
-/* The AMX product (intdot_amx.c) of the 16 act rows of AMX block xa with the 16 rows of two
- * repacked groups g0 and g1 (g1 NULL when there is only one: outputs 8-15 are then not
- * meaningful): out[m * 16 + r], r < 8 from g0, r >= 8 from g1; the same bits as the other
- * kernels' outputs for those rows. */
-typedef void (*qw_amx_fn)(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa, float *out);
+/* The AMX product (intdot_amx.c) of n AMX blocks (block j at xa + j * astride, 16 act rows each)
+ * with the 16 rows of two repacked groups g0 and g1 (g1 NULL when there is only one: outputs
+ * 8-15 are then not meaningful): out[(16 j + m) * 16 + r] for act row m of block j, r < 8 from
+ * g0, r >= 8 from g1; the same bits as the other kernels' outputs for those rows. The groups are
+ * unpacked once into `work` (QW_AMX_WORK(K) bytes, 64-byte aligned) for all n blocks. */
+#define QW_AMX_WORK(K) ((size_t)((K) / 32) * 704)
+typedef void (*qw_amx_fn)(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa, size_t astride,
+                          int64_t n, uint8_t *work, float *out);
 qw_amx_fn qw_amx_kernel_x86(int dtype, int bits);
 /* The AMX kernel for a stored type when the AMX path is taken (cpu.h), else NULL. */
 qw_amx_fn qw_amx_kernel(int dtype, int bits);

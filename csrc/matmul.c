@@ -33,6 +33,8 @@ static _Thread_local uint8_t *pack_buf;
 static _Thread_local size_t pack_cap;
 static _Thread_local uint8_t *pair_buf;
 static _Thread_local size_t pair_cap;
+static _Thread_local uint8_t *amx_buf;
+static _Thread_local size_t amx_cap;
 
 static void *grow(void *buf, size_t *cap, size_t need) {
     if (need <= *cap) return buf;
@@ -190,10 +192,10 @@ static void float_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const 
  * `pack` first, the whole item at once. Neither order nor blocking changes a result: each output
  * is one kernel call's, for the same 16-row block, whatever the order. */
 static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const uint8_t *xq, size_t xstride, int64_t m0,
-                     int64_t m1, uint8_t *pack) {
+                     int64_t m1, uint8_t *pack, uint8_t *amx) {
     const qw_product *p = pl->p;
     size_t gb = qw_r8_group_bytes(pl->base, K);
-    float out[QW_R8_MAX_M * 16];
+    float out[QW_R8_MAX_M * 8];
     const uint8_t *groups;
     if (pl->repacked)
         groups = (const uint8_t *)p->W + (size_t)(n0 / 8) * gb;
@@ -205,22 +207,27 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
         }
         groups = pack;
     }
+    if (pl->amx && m1 - m0 >= 16) {
+        /* the round's whole 16-row blocks: two groups at a time, each pair unpacked once for all
+         * of them (xq holds the AMX blocks, then the plain rows of a short last block) */
+        const int64_t nblk = (m1 - m0) / 16;
+        float *res = (float *)(amx + QW_AMX_WORK(K));
+        for (int64_t g0 = n0; g0 < n0 + nb; g0 += 16) {
+            int rows = n0 + nb - g0 < 16 ? (int)(n0 + nb - g0) : 16;
+            const uint8_t *ga = groups + (size_t)((g0 - n0) / 8) * gb;
+            pl->amx(ga, rows > 8 ? ga + gb : NULL, K, xq + (size_t)(m0 / 16) * pl->amx_block, pl->amx_block, nblk,
+                    amx, res);
+            for (int64_t i = 0; i < 16 * nblk; i++)
+                for (int r = 0; r < rows; r++)
+                    p->Y[(m0 + i) * p->N + g0 + r] = res[i * 16 + r] + (p->bias ? p->bias[g0 + r] : 0.0f);
+        }
+        m0 += 16 * nblk;
+    }
     for (int64_t m = m0; m < m1; m += QW_R8_MAX_M) {
         int64_t mb = m1 - m < QW_R8_MAX_M ? m1 - m : QW_R8_MAX_M;
         const uint8_t *x = xq + (size_t)(pl->pairs ? m / 2 : m) * xstride;
-        /* with amx, xq holds AMX blocks, then the plain rows of a short last block (at m) */
+        /* a short last block after AMX blocks: plain rows (same bits) */
         if (pl->amx) x = xq + (size_t)(m / 16) * pl->amx_block;
-        if (pl->amx && mb == 16) { /* two groups at a time; a short block takes idot (same bits) */
-            for (int64_t g0 = n0; g0 < n0 + nb; g0 += 16) {
-                int rows = n0 + nb - g0 < 16 ? (int)(n0 + nb - g0) : 16;
-                const uint8_t *ga = groups + (size_t)((g0 - n0) / 8) * gb;
-                pl->amx(ga, rows > 8 ? ga + gb : NULL, K, x, out);
-                for (int64_t i = 0; i < 16; i++)
-                    for (int r = 0; r < rows; r++)
-                        p->Y[(m + i) * p->N + g0 + r] = out[i * 16 + r] + (p->bias ? p->bias[g0 + r] : 0.0f);
-            }
-            continue;
-        }
         for (int64_t g0 = n0; g0 < n0 + nb; g0 += 8) {
             int rows = n0 + nb - g0 < 8 ? (int)(n0 + nb - g0) : 8;
             /* m is a multiple of QW_R8_MAX_M, so even: pair m / 2 starts there */
@@ -298,6 +305,8 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     for (int i = 0; i < count; i++) pl[i].amx_block = amx_block;
     int64_t round_rows = xq ? act_round_rows(amx ? amx_block / 16 : pairs ? xstride / 2 : xstride, M) : M;
     int64_t rounds = round_items ? (M + round_rows - 1) / round_rows : 0;
+    /* each thread's AMX work area: two groups unpacked, then a round's outputs for them */
+    size_t amx_bytes = amx ? QW_AMX_WORK(K) + (size_t)round_rows * 16 * sizeof(float) : 0;
     int64_t items = float_items + rounds * round_items;
     int failed = 0;
 #pragma omp parallel num_threads(qw_get_threads())
@@ -319,6 +328,14 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
             else
                 ok = 0;
         }
+        uint8_t *amxw = NULL;
+        if (amx_bytes) {
+            amxw = grow(amx_buf, &amx_cap, amx_bytes);
+            if (amxw)
+                amx_buf = amxw;
+            else
+                ok = 0;
+        }
         if (!ok) {
 #pragma omp atomic write
             failed = 1;
@@ -333,7 +350,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
             int64_t nb = p[i].N - n0 < pl[i].rows ? p[i].N - n0 : pl[i].rows;
             if (is_int) {
                 int64_t m0 = (it - float_items) / round_items * round_rows;
-                int_item(&pl[i], n0, nb, K, xq, xstride, m0, M - m0 < round_rows ? M : m0 + round_rows, pack);
+                int_item(&pl[i], n0, nb, K, xq, xstride, m0, M - m0 < round_rows ? M : m0 + round_rows, pack, amxw);
             } else if (M <= SMALL_M && !pl[i].repacked)
                 float_item_small(&pl[i], n0, nb, K, X, M, T);
             else

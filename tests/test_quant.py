@@ -6,6 +6,8 @@ rows to float32 accuracy, on both the AVX2 and the plain C path, and the Q8_0 qu
 produce the same bytes. Data: real tensors of the demo model where it has the type, seeded random
 blocks for all types. The falsifier tests at the end show these comparisons reject near misses.
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -751,6 +753,34 @@ def test_matmul_prefill_sized_paths_give_the_same_bits(name, bits):
             assert_same_bits(y, want)
         for m in range(M):
             assert_int_dot_close(want[m], w, row_values(xq[m], K, bits), mins)
+
+
+def test_matmul_prefill_beside_another_copy_of_the_kernels(tmp_path):
+    """A second copy of the kernels in the process (here _ops loaded again from a copy of its
+    file; in use, any library with AMX) may set the tile configuration of the same thread between
+    two calls: each call loads its own. A configuration remembered across calls ran Q4_K's tiles
+    on the shapes another copy had set for Q6_K: wrong products, or an invalid-opcode fault."""
+    import importlib.util
+    import shutil
+    from qwenc import _ops
+    copy = tmp_path / os.path.basename(_ops.__file__)
+    shutil.copy(_ops.__file__, copy)
+    spec = importlib.util.spec_from_file_location("qwenc._ops", copy)
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    assert other is not _ops
+    N, K, M = 24, 512, 32
+    x = np.random.default_rng(5).standard_normal((M, K)).astype(np.float32)
+    mats = {name: synthetic(name, N, K, seed=11).reshape(-1) for name in ("Q4_K", "Q6_K")}
+    alone = {}
+    for name, w in mats.items():
+        alone[name] = np.empty((M, N), np.float32)
+        _ops.matmul(w, CODE[name], N, K, x, alone[name], None, 16)
+    for _ in range(3):
+        for mod, name in ((_ops, "Q4_K"), (other, "Q6_K"), (_ops, "Q4_K"), (other, "Q6_K"), (other, "Q4_K")):
+            y = np.empty((M, N), np.float32)
+            mod.matmul(mats[name], CODE[name], N, K, x, y, None, 16)
+            np.testing.assert_array_equal(y, alone[name])
 
 
 @pytest.mark.parametrize("bits", [8, 16])
