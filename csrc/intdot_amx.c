@@ -163,103 +163,114 @@ R8_TARGET INLINE __m512i joined(const int levels, const int32_t *c1, const int32
  * the tile stores are done with by the time the vector loads read them. */
 #define CHUNK 8
 
-/* The work area per 32-value block: tile B (512 bytes), then S, Sb (Q6_K's second group) and the
- * min factors M of the 16 weight rows (16 floats each). */
+/* The work area: CHUNK unpacked blocks, each tile B (512 bytes), then S, Sb (Q6_K's second group)
+ * and the min factors M of the 16 weight rows (16 floats each); then the min sums of the call's
+ * act blocks (16 x 16 floats each). */
+#define WORK_BLOCK 704
 #define WORK_B 0
 #define WORK_S 512
 #define WORK_SB 576
 #define WORK_M 640
 
-/* The two groups' blocks unpacked into the work area, once for every act block of the call (one
- * unpacking per 16 act rows made it a third of the product's time). */
-R8_TARGET INLINE void unpack_groups(const int T, const uint8_t *g0, const uint8_t *g1, int64_t K, uint8_t *work) {
-    const int bs = IS_K(T) ? 256 : 32, subs = bs / 32;
+/* Blocks b0 .. b0 + n - 1 of the two groups unpacked into the work area, once for every act block
+ * of the call (one unpacking per 16 act rows made it a third of the product's time). */
+R8_TARGET INLINE void unpack_groups(const int T, const uint8_t *g0, const uint8_t *g1, int64_t b0, int n,
+                                    uint8_t *work) {
+    const int subs = IS_K(T) ? 8 : 1;
     const int rb = record_bytes(T);
-    for (int64_t i = 0; i < K / bs; i++) {
+    for (int k = 0; k < n; k++) {
+        const int64_t b = b0 + k, i = b / subs;
+        const int j = (int)(b % subs);
         const uint8_t *rec[2] = {g0 + (size_t)i * (size_t)rb, g1 ? g1 + (size_t)i * (size_t)rb : NULL};
-        __m256 D[2], Dmin[2], M[2];
+        uint8_t *w = work + (size_t)k * WORK_BLOCK;
+        __m256 S[2], Sb[2], M[2];
         for (int h = 0; h < 2; h++) {
-            D[h] = Dmin[h] = M[h] = _mm256_setzero_ps();
-            if (!rec[h]) continue;
-            D[h] = f16x8(rec[h]);
-            if (T == QW_Q4_1 || T == QW_Q5_1) M[h] = f16x8(rec[h] + 16);
-            if (T == QW_Q4_K || T == QW_Q5_K) Dmin[h] = f16x8(rec[h] + 16);
-        }
-        for (int j = 0; j < subs; j++) {
-            uint8_t *w = work + (size_t)(i * subs + j) * 704;
-            __m256 S[2], Sb[2];
-            for (int h = 0; h < 2; h++) {
-                __m256i c[8];
-                S[h] = Sb[h] = _mm256_setzero_ps();
-                if (!rec[h]) {
-                    for (int s = 0; s < 8; s++) c[s] = _mm256_setzero_si256();
-                } else {
-                    qw_prefetch_share(rec[h], rb, subs, j);
-                    unpack_sub(T, rec[h], j, D[h], Dmin[h], c, &S[h], &Sb[h], &M[h]);
-                    take_offset(T, c);
-                }
-                put_steps(w + WORK_B, c, h);
+            __m256i c[8];
+            S[h] = Sb[h] = M[h] = _mm256_setzero_ps();
+            if (!rec[h]) {
+                for (int t = 0; t < 8; t++) c[t] = _mm256_setzero_si256();
+            } else {
+                const __m256 D = f16x8(rec[h]);
+                __m256 Dmin = _mm256_setzero_ps();
+                if (T == QW_Q4_1 || T == QW_Q5_1) M[h] = f16x8(rec[h] + 16);
+                if (T == QW_Q4_K || T == QW_Q5_K) Dmin = f16x8(rec[h] + 16);
+                qw_prefetch_share(rec[h], rb, subs, j);
+                unpack_sub(T, rec[h], j, D, Dmin, c, &S[h], &Sb[h], &M[h]);
+                take_offset(T, c);
             }
-            _mm512_store_ps((float *)(w + WORK_S), join_ps(S[0], S[1]));
-            _mm512_store_ps((float *)(w + WORK_SB), join_ps(Sb[0], Sb[1]));
-            _mm512_store_ps((float *)(w + WORK_M), join_ps(M[0], M[1]));
+            put_steps(w + WORK_B, c, h);
         }
+        _mm512_store_ps((float *)(w + WORK_S), join_ps(S[0], S[1]));
+        _mm512_store_ps((float *)(w + WORK_SB), join_ps(Sb[0], Sb[1]));
+        _mm512_store_ps((float *)(w + WORK_M), join_ps(M[0], M[1]));
     }
 }
 
-/* out[m * 16 + r] for the 16 act rows of AMX block xa, from the unpacked work area. */
-R8_TARGET INLINE void block_product(const int T, const int BITS, int64_t K, const uint8_t *xa, const uint8_t *work,
-                                    float *out) {
+/* Blocks b0 .. b0 + n - 1 (unpacked in the work area) for the 16 act rows of AMX block xa: the
+ * sums acc[m] (kept at out + 16 m between phases) and the min sums (at macc + 16 m). */
+R8_TARGET INLINE void block_product(const int T, const int BITS, const uint8_t *xa, int64_t b0, int n,
+                                    const uint8_t *work, float *out, float *macc) {
     const int levels = BITS == 16 ? 2 : 1;
     const size_t ab = QW_AMX_ACT_BLOCK(BITS);
     const int cper = T == QW_Q6_K ? 1024 : 512; /* int32 of C per block */
     _Alignas(64) int32_t Cb[CHUNK * 1024];
+    for (int k = 0; k < n; k++)
+        block_tiles(T, levels, work + (size_t)k * WORK_BLOCK + WORK_B, xa + (size_t)(b0 + k) * ab, Cb + k * cper);
     __m512 acc[16];
-    for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
-    const int64_t nblocks = K / 32;
-    for (int64_t b0 = 0; b0 < nblocks; b0 += CHUNK) {
-        const int n = nblocks - b0 < CHUNK ? (int)(nblocks - b0) : CHUNK;
-        for (int k = 0; k < n; k++)
-            block_tiles(T, levels, work + (size_t)(b0 + k) * 704 + WORK_B, xa + (size_t)(b0 + k) * ab, Cb + k * cper);
-        for (int k = 0; k < n; k++) {
-            const uint8_t *w = work + (size_t)(b0 + k) * 704;
-            const float *dx = (const float *)(xa + (size_t)(b0 + k) * ab + 512 * (size_t)levels);
-            const int32_t *cb = Cb + k * cper;
-            const __m512 Sk = _mm512_load_ps((const float *)(w + WORK_S));
-            /* Q6_K's C order: level 1 groups 0, 1, then level 2's; the others: levels 1, 2 */
-            const int32_t *ca1 = cb, *ca2 = cb + (T == QW_Q6_K ? 512 : 256);
-            for (int m = 0; m < 16; m++) {
-                const __m512 d = _mm512_set1_ps(dx[m]);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(joined(levels, ca1, ca2, m)), _mm512_mul_ps(Sk, d), acc[m]);
-                if (T == QW_Q6_K)
-                    acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(joined(levels, cb + 256, cb + 768, m)),
-                                             _mm512_mul_ps(_mm512_load_ps((const float *)(w + WORK_SB)), d), acc[m]);
+    for (int m = 0; m < 16; m++) acc[m] = _mm512_load_ps(out + 16 * m);
+    for (int k = 0; k < n; k++) {
+        const uint8_t *w = work + (size_t)k * WORK_BLOCK;
+        const float *dx = (const float *)(xa + (size_t)(b0 + k) * ab + 512 * (size_t)levels);
+        const int32_t *cb = Cb + k * cper;
+        const __m512 Sk = _mm512_load_ps((const float *)(w + WORK_S));
+        /* Q6_K's C order: level 1 groups 0, 1, then level 2's; the others: levels 1, 2 */
+        const int32_t *ca1 = cb, *ca2 = cb + (T == QW_Q6_K ? 512 : 256);
+        for (int m = 0; m < 16; m++) {
+            const __m512 d = _mm512_set1_ps(dx[m]);
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(joined(levels, ca1, ca2, m)), _mm512_mul_ps(Sk, d), acc[m]);
+            if (T == QW_Q6_K)
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(joined(levels, cb + 256, cb + 768, m)),
+                                         _mm512_mul_ps(_mm512_load_ps((const float *)(w + WORK_SB)), d), acc[m]);
+        }
+    }
+    for (int m = 0; m < 16; m++) _mm512_store_ps(out + 16 * m, acc[m]);
+    if (HAS_MIN(T)) { /* macc = fma(M, s, macc) block by block, as in the other kernels */
+        for (int m = 0; m < 16; m++) {
+            __m512 v = _mm512_load_ps(macc + 16 * m);
+            for (int k = 0; k < n; k++) {
+                const float *sx = (const float *)(xa + (size_t)(b0 + k) * ab + 512 * (size_t)levels) + 16;
+                v = _mm512_fmadd_ps(_mm512_load_ps((const float *)(work + (size_t)k * WORK_BLOCK + WORK_M)),
+                                    _mm512_set1_ps(sx[m]), v);
             }
+            _mm512_store_ps(macc + 16 * m, v);
         }
     }
-    if (HAS_MIN(T)) {
-        /* the mins: macc = fma(M, s, macc) block by block, as in the other kernels */
-        __m512 macc[16];
-        for (int m = 0; m < 16; m++) macc[m] = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nblocks; b++) {
-            const float *sx = (const float *)(xa + (size_t)b * ab + 512 * (size_t)levels) + 16;
-            const __m512 Mv = _mm512_load_ps((const float *)(work + (size_t)b * 704 + WORK_M));
-            for (int m = 0; m < 16; m++) macc[m] = _mm512_fmadd_ps(Mv, _mm512_set1_ps(sx[m]), macc[m]);
-        }
-        for (int m = 0; m < 16; m++)
-            acc[m] = T == QW_Q4_1 || T == QW_Q5_1 ? _mm512_add_ps(acc[m], macc[m]) : _mm512_sub_ps(acc[m], macc[m]);
-    }
-    for (int m = 0; m < 16; m++) _mm512_storeu_ps(out + 16 * m, acc[m]);
 }
 
-/* (Writing each block's outputs to Y from here, at Y's row stride, made the 1.5B's gate and up
- * products 26% slower than writing them here and copying after.) */
+/* A phase of CHUNK blocks at a time, unpacked once for all n act blocks: the work area stays in
+ * L1 whatever n is. (Unpacking the whole of K first made a batch of 16 rows slower: its work
+ * area went out to L2 and back for one act block.) Writing each block's outputs to Y from here,
+ * at Y's row stride, made the 1.5B's gate and up products 26% slower than writing them to out
+ * and copying after. */
 R8_TARGET INLINE void product_amx(const int T, const int BITS, const uint8_t *g0, const uint8_t *g1, int64_t K,
                                   const uint8_t *xa, size_t astride, int64_t n, uint8_t *work, float *out) {
+    float *macc = (float *)(work + CHUNK * WORK_BLOCK);
     use_config(T == QW_Q6_K ? 1 : 0);
-    unpack_groups(T, g0, g1, K, work);
-    for (int64_t j = 0; j < n; j++) block_product(T, BITS, K, xa + (size_t)j * astride, work, out + 256 * j);
+    memset(out, 0, (size_t)n * 256 * sizeof(float));
+    if (HAS_MIN(T)) memset(macc, 0, (size_t)n * 256 * sizeof(float));
+    const int64_t nblocks = K / 32;
+    for (int64_t b0 = 0; b0 < nblocks; b0 += CHUNK) {
+        const int nb = nblocks - b0 < CHUNK ? (int)(nblocks - b0) : CHUNK;
+        unpack_groups(T, g0, g1, b0, nb, work);
+        for (int64_t j = 0; j < n; j++)
+            block_product(T, BITS, xa + (size_t)j * astride, b0, nb, work, out + 256 * j, macc + 256 * j);
+    }
     _tile_release();
+    if (HAS_MIN(T))
+        for (int64_t i = 0; i < 16 * n; i++) {
+            const __m512 a = _mm512_loadu_ps(out + 16 * i), mm = _mm512_loadu_ps(macc + 16 * i);
+            _mm512_storeu_ps(out + 16 * i, T == QW_Q4_1 || T == QW_Q5_1 ? _mm512_add_ps(a, mm) : _mm512_sub_ps(a, mm));
+        }
 }
 
 #define AMX(T, NAME, BITS)                                                                                      \

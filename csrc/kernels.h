@@ -55,9 +55,10 @@ void qw_amx_act_rows(const uint8_t *rows, size_t stride, int64_t n, int bits, ui
 /* The AMX product (intdot_amx.c) of n AMX blocks (block j at xa + j * astride, 16 act rows each)
  * with the 16 rows of two repacked groups g0 and g1 (g1 NULL when there is only one: outputs
  * 8-15 are then not meaningful): out[(16 j + m) * 16 + r] for act row m of block j, r < 8 from
- * g0, r >= 8 from g1; the same bits as the other kernels' outputs for those rows. The groups are
- * unpacked once into `work` (QW_AMX_WORK(K) bytes, 64-byte aligned) for all n blocks. */
-#define QW_AMX_WORK(K) ((size_t)((K) / 32) * 704)
+ * g0, r >= 8 from g1 (out 64-byte aligned); the same bits as the other kernels' outputs for those
+ * rows. The groups are unpacked into `work` (QW_AMX_WORK(n) bytes, 64-byte aligned) a few blocks
+ * at a time, once for all n blocks. */
+#define QW_AMX_WORK(n) ((size_t)8 * 704 + (size_t)(n) * 1024)
 typedef void (*qw_amx_fn)(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa, size_t astride,
                           int64_t n, uint8_t *work, float *out);
 qw_amx_fn qw_amx_kernel_x86(int dtype, int bits);

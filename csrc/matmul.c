@@ -211,7 +211,7 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
         /* the round's whole 16-row blocks: two groups at a time, each pair unpacked once for all
          * of them (xq holds the AMX blocks, then the plain rows of a short last block) */
         const int64_t nblk = (m1 - m0) / 16;
-        float *res = (float *)(amx + QW_AMX_WORK(K));
+        float *res = (float *)(amx + QW_AMX_WORK(nblk));
         for (int64_t g0 = n0; g0 < n0 + nb; g0 += 16) {
             int rows = n0 + nb - g0 < 16 ? (int)(n0 + nb - g0) : 16;
             const uint8_t *ga = groups + (size_t)((g0 - n0) / 8) * gb;
@@ -306,7 +306,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     int64_t round_rows = xq ? act_round_rows(amx ? amx_block / 16 : pairs ? xstride / 2 : xstride, M) : M;
     int64_t rounds = round_items ? (M + round_rows - 1) / round_rows : 0;
     /* each thread's AMX work area: two groups unpacked, then a round's outputs for them */
-    size_t amx_bytes = amx ? QW_AMX_WORK(K) + (size_t)round_rows * 16 * sizeof(float) : 0;
+    size_t amx_bytes = amx ? QW_AMX_WORK(round_rows / 16) + (size_t)round_rows * 16 * sizeof(float) : 0;
     int64_t items = float_items + rounds * round_items;
     int failed = 0;
 #pragma omp parallel num_threads(qw_get_threads())
