@@ -16,9 +16,9 @@
  * One tile multiply does 16 x 16 x 32 products, where the 512-bit kernels need 16 vpdpbusd and
  * their chain adds per level for the same work; what is left on the vector units is a block's
  * float work (per output row: the level join, cvt, scale multiply and FMA) and the unpacking,
- * which is shared by all 16 act rows. The mins of Q4_1, Q5_1, Q4_K and Q5_K depend on no code,
- * so they are summed in a pass of their own (the same FMAs in the same order), which keeps the
- * main loop's 16 accumulators in registers.
+ * which is shared by all the act rows of a call. The mins of Q4_1, Q5_1, Q4_K and Q5_K depend on
+ * no code, so they are summed in a loop of their own after each phase (the same FMAs in the same
+ * order), which keeps the main loop's 16 accumulators in registers.
  *
  * Compiled for CPUs with AMX-INT8 (cpu.c checks the CPU and asks the kernel for the tile state at
  * run time). */
