@@ -38,9 +38,8 @@ int qw_cpu_has_avx2(void);
 /* Enable (1) or disable (0) SIMD paths; returns the previous setting. */
 int qw_set_simd(int enabled);
 /* The path the kernels take (0 plain C, 1 AVX2, 2 AVX2 + AVX-512 integer products on 256-bit
- * vectors, 3 the same with several act rows' products on 512-bit ones, 4 as 3 with AMX tiles for 16 act
- * rows at a time), the highest one this CPU
- * can run, the one it takes by default, and a setting of it (clamped to what the CPU has; returns
+ * vectors, 3 the same with several act rows' products on 512-bit ones, 4 as 3 with AMX tiles for
+ * 16 act rows at a time), the highest one this CPU can run, the one it takes by default, and a setting of it (clamped to what the CPU has; returns
  * the previous level), so that the tests run every path a machine has. */
 int qw_simd_level(void);
 int qw_cpu_simd_level(void);

@@ -67,19 +67,12 @@ typedef struct {
  * second copy of these kernels, a BLAS with AMX) may configure the tiles of the same thread
  * between two calls, and a configuration remembered across calls then ran tile instructions on
  * the wrong shapes (an invalid-opcode fault). */
-R8_TARGET static void use_config(int which) {
-    tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    if (which == 0) {
-        const int rows[5] = {16, 16, 16, 16, 8}, colsb[5] = {64, 64, 32, 32, 64};
-        for (int t = 0; t < 5; t++) c.rows[t] = (uint8_t)rows[t], c.colsb[t] = (uint16_t)colsb[t];
-    } else {
-        const int rows[8] = {16, 16, 16, 16, 16, 16, 4, 4}, colsb[8] = {64, 64, 64, 64, 16, 16, 64, 64};
-        for (int t = 0; t < 8; t++) c.rows[t] = (uint8_t)rows[t], c.colsb[t] = (uint16_t)colsb[t];
-    }
-    __asm__ volatile("ldtilecfg %0" ::"m"(c));
-}
+static const tile_config configs[2] = {
+    {.palette = 1, .colsb = {64, 64, 32, 32, 64}, .rows = {16, 16, 16, 16, 8}},
+    {.palette = 1, .colsb = {64, 64, 64, 64, 16, 16, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 4, 4}},
+};
+
+R8_TARGET static void use_config(int which) { __asm__ volatile("ldtilecfg %0" ::"m"(configs[which])); }
 
 /* ---------------------------------------------------------------- the product */
 
@@ -161,12 +154,12 @@ R8_TARGET INLINE __m512i joined(const int levels, const int32_t *c1, const int32
 
 /* Blocks per phase: a phase runs CHUNK blocks' tile products, then their float work, so that
  * the tile stores are done with by the time the vector loads read them. */
-#define CHUNK 8
+#define CHUNK QW_AMX_CHUNK
 
 /* The work area: CHUNK unpacked blocks, each tile B (512 bytes), then S, Sb (Q6_K's second group)
  * and the min factors M of the 16 weight rows (16 floats each); then the min sums of the call's
  * act blocks (16 x 16 floats each). */
-#define WORK_BLOCK 704
+#define WORK_BLOCK QW_AMX_WORK_BLOCK
 #define WORK_B 0
 #define WORK_S 512
 #define WORK_SB 576

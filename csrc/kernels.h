@@ -58,7 +58,9 @@ void qw_amx_act_rows(const uint8_t *rows, size_t stride, int64_t n, int bits, ui
  * g0, r >= 8 from g1 (out 64-byte aligned); the same bits as the other kernels' outputs for those
  * rows. The groups are unpacked into `work` (QW_AMX_WORK(n) bytes, 64-byte aligned) a few blocks
  * at a time, once for all n blocks. */
-#define QW_AMX_WORK(n) ((size_t)8 * 704 + (size_t)(n) * 1024) /* 8 unpacked blocks, n blocks' min sums */
+#define QW_AMX_CHUNK 8        /* blocks unpacked at a time */
+#define QW_AMX_WORK_BLOCK 704 /* bytes of one unpacked block: tile B, then 3 x 16 floats */
+#define QW_AMX_WORK(n) ((size_t)QW_AMX_CHUNK * QW_AMX_WORK_BLOCK + (size_t)(n) * 1024) /* and n min sums */
 typedef void (*qw_amx_fn)(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa, size_t astride,
                           int64_t n, uint8_t *work, float *out);
 qw_amx_fn qw_amx_kernel_x86(int dtype, int bits);

@@ -721,13 +721,12 @@ def test_matmul_prefill_sized_paths_give_the_same_bits(name, bits):
     (avx512w) and the AMX tiles (amx: 16 act rows against 16 weight rows per tile product, a
     short last block of act rows and an odd last group of weight rows on the other kernels) give
     the 256-bit kernels' bits, which are dot_rows_act's for each row, within the integer dot's
-    bound of the exact product. Row counts leave short blocks (17, 35) and an odd group (37
-    rows: 4 whole groups and 5 rows)."""
+    bound of the exact product; the bias added after. Row counts leave short blocks (17, 35) and
+    an odd group (37 rows: 4 whole groups and 5 rows). A CPU without SIMD checks plain C alone."""
     from qwenc import _ops
-    simd = [p for p in _ops.simd_paths() if p != "plain"]
-    if not simd:
-        pytest.skip("CPU without AVX2/FMA/F16C")
+    simd = [p for p in _ops.simd_paths() if p != "plain"] or ["plain"]  # plain C: its own kernels
     N, K = 37, 768
+    bias = np.random.default_rng(bits).standard_normal(N).astype(np.float32)
     data = synthetic(name, N, K, seed=bits + 7)
     w = ref_dequantize(data, GT[name]).reshape(N, K)
     mins = weight_mins(data, name, N, K)
@@ -741,7 +740,7 @@ def test_matmul_prefill_sized_paths_give_the_same_bits(name, bits):
                 _ops.set_simd_path(p)
                 _quant.set_simd_path(p)
                 y = np.full((M, N), np.nan, np.float32)
-                _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y, None, bits)
+                _ops.matmul(data.reshape(-1), CODE[name], N, K, np.ascontiguousarray(x), y, bias, bits)
                 outs[p] = y
             _quant.set_simd_path(simd[0])
             xq = _quant.quantize_activations(x, CODE[name], bits=bits)
@@ -750,7 +749,7 @@ def test_matmul_prefill_sized_paths_give_the_same_bits(name, bits):
             _ops.set_simd_path(prev[0])
             _quant.set_simd_path(prev[1])
         for p, y in outs.items():
-            assert_same_bits(y, want)
+            assert_same_bits(y, (want + bias).astype(np.float32))
         for m in range(M):
             assert_int_dot_close(want[m], w, row_values(xq[m], K, bits), mins)
 
