@@ -43,7 +43,7 @@ def cpu_description():
             if line.startswith("flags") and not flags:
                 have = set(line.split(":", 1)[1].split())
                 flags = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-                                             "avx_vnni", "amx_tile", "amx_int8") if f in have)
+                                             "avx_vnni", "amx_tile", "amx_int8", "amx_bf16") if f in have)
     except OSError:
         pass
     return f"{model} ({os.cpu_count()} CPUs; {flags or 'flags unknown'})"

@@ -14,7 +14,8 @@
 
 /* -1: not decided yet; 0: plain C; 1: AVX2 (+FMA, F16C); 2: AVX2 and AVX-512 (F, BW, VL, VNNI)
  * on 256-bit vectors; 3: as 2, with the integer products of several act rows on 512-bit ones;
- * 4: as 3, with those of 16 act rows on AMX tiles */
+ * 4: as 3, with those of 16 act rows on AMX tiles; 5: as 4, 16-bit rows on bf16 tiles where the
+ * stored type allows */
 static int simd_level = -1;
 
 int qw_cpu_has_avx2(void) {
@@ -59,9 +60,18 @@ int qw_cpu_has_amx(void) {
 #endif
 }
 
+/* AMX-BF16 beside AMX-INT8 (the tile state is the same). */
+int qw_cpu_has_amx_bf16(void) {
+#if QW_HAVE_X86
+    return qw_cpu_has_amx() && __builtin_cpu_supports("amx-bf16");
+#else
+    return 0;
+#endif
+}
+
 /* The highest path this CPU can run. */
 static int best_level(void) {
-    return qw_cpu_has_amx() ? 4 : qw_cpu_has_avx512() ? 3 : qw_cpu_has_avx2() ? 1 : 0;
+    return qw_cpu_has_amx_bf16() ? 5 : qw_cpu_has_amx() ? 4 : qw_cpu_has_avx512() ? 3 : qw_cpu_has_avx2() ? 1 : 0;
 }
 
 /* The path taken unless told otherwise. On an Intel Xeon (Sapphire Rapids class) 512-bit
@@ -90,6 +100,8 @@ static int level(void) {
         else if (env && strcmp(env, "avx512w") == 0)
             simd_level = best < 3 ? best : 3;
         else if (env && strcmp(env, "amx") == 0)
+            simd_level = best < 4 ? best : 4;
+        else if (env && strcmp(env, "amxbf16") == 0)
             simd_level = best;
         else
             simd_level = default_level();
@@ -104,6 +116,8 @@ int qw_use_avx512(void) { return level() >= 2; }
 int qw_use_avx512w(void) { return level() >= 3; }
 
 int qw_use_amx(void) { return level() >= 4; }
+
+int qw_use_amx_bf16(void) { return level() >= 5; }
 
 int qw_simd_level(void) { return level(); }
 

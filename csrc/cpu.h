@@ -30,16 +30,21 @@ int qw_use_avx512w(void);
 /* 1 when, beside those, the integer products of 16 act rows go on AMX tiles (the default where
  * the CPU has AMX-INT8 and the kernel grants the tile state; QWENC_SIMD=avx512w keeps them off). */
 int qw_use_amx(void);
+/* 1 when, beside those, the products of 16-bit act rows go on bf16 tiles where the stored type
+ * allows (the default where the CPU also has AMX-BF16; QWENC_SIMD=amx keeps them on int8 tiles). */
+int qw_use_amx_bf16(void);
 int qw_cpu_has_avx512(void);
 /* 1 when this CPU has AMX-INT8 and the kernel granted this process the tile state. */
 int qw_cpu_has_amx(void);
+/* 1 when it also has AMX-BF16. */
+int qw_cpu_has_amx_bf16(void);
 /* 1 when this CPU supports AVX2, FMA and F16C (whatever the setting). */
 int qw_cpu_has_avx2(void);
 /* Enable (1) or disable (0) SIMD paths; returns the previous setting. */
 int qw_set_simd(int enabled);
 /* The path the kernels take (0 plain C, 1 AVX2, 2 AVX2 + AVX-512 integer products on 256-bit
  * vectors, 3 the same with several act rows' products on 512-bit ones, 4 as 3 with AMX tiles for
- * 16 act rows at a time), the highest one this CPU can run, the one it takes by default, and a setting of it (clamped to what the CPU has; returns
+ * 16 act rows at a time, 5 as 4 with 16-bit rows on bf16 tiles), the highest one this CPU can run, the one it takes by default, and a setting of it (clamped to what the CPU has; returns
  * the previous level), so that the tests run every path a machine has. */
 int qw_simd_level(void);
 int qw_cpu_simd_level(void);

@@ -432,6 +432,14 @@ qw_amx_fn qw_amx_kernel(int dtype, int bits) {
     return NULL;
 }
 
+qw_amx_fn qw_amx_kernel_bf16(int dtype) {
+#if QW_HAVE_X86
+    if (qw_use_amx_bf16()) return qw_amx_kernel_bf16_x86(dtype);
+#endif
+    (void)dtype;
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- one row */
 
 float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int bits) {

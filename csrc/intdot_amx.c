@@ -27,7 +27,7 @@
 
 #if QW_HAVE_X86 && !defined(QW_SIMDE)
 #include <immintrin.h>
-#define R8_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+#define R8_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8,amx-bf16")))
 #define R8_UNPACK_ONLY
 #include "intdot_x86.h"
 
@@ -48,7 +48,11 @@ INLINE int signed_codes(const int T) { return code_offset(T) != 0 || T == QW_Q8_
  * Config 0 (blocks of 32 codes): C tiles 0, 1 (levels 1, 2: 16 x 16 int32), A tiles 2, 3 (16
  * act rows x 32 codes), B tile 4 (8 steps x 16 weight rows x 4 codes).
  * Config 1 (Q6_K, groups of 16 codes): C tiles 0, 1 (level 1, groups 0 and 1), 2, 3 (level 2),
- * A tiles 4, 5 (levels 1, 2: 16 act rows x 16 codes), B tiles 6, 7 (4 steps each). */
+ * A tiles 4, 5 (levels 1, 2: 16 act rows x 16 codes), B tiles 6, 7 (4 steps each).
+ * Config 2 (bf16, blocks of 32 values): C tile 0 (16 x 16 float, both levels), A tiles 2, 3
+ * (levels 1, 2: 16 act rows x 32 values), B tile 4 (16 pairs x 16 weight rows x 2 values).
+ * Config 3 (bf16, Q6_K): C tiles 0, 1 (groups 0, 1), A tiles 2, 3 (levels 1, 2: 16 act rows x
+ * 16 values), B tiles 4, 5 (groups 0, 1: 8 pairs each). */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -67,9 +71,11 @@ typedef struct {
  * second copy of these kernels, a BLAS with AMX) may configure the tiles of the same thread
  * between two calls, and a configuration remembered across calls then ran tile instructions on
  * the wrong shapes (an invalid-opcode fault). */
-static const tile_config configs[2] = {
+static const tile_config configs[4] = {
     {.palette = 1, .colsb = {64, 64, 32, 32, 64}, .rows = {16, 16, 16, 16, 8}},
     {.palette = 1, .colsb = {64, 64, 64, 64, 16, 16, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 4, 4}},
+    {.palette = 1, .colsb = {64, 0, 64, 64, 64}, .rows = {16, 0, 16, 16, 16}},
+    {.palette = 1, .colsb = {64, 64, 32, 32, 64, 64}, .rows = {16, 16, 16, 16, 8, 8}},
 };
 
 R8_TARGET static void use_config(int which) { __asm__ volatile("ldtilecfg %0" ::"m"(configs[which])); }
@@ -152,77 +158,198 @@ R8_TARGET INLINE __m512i joined(const int levels, const int32_t *c1, const int32
     return _mm512_add_epi32(_mm512_slli_epi32(i1, 8), _mm512_load_si512(c2 + 16 * m));
 }
 
+/* ---------------------------------------------------------------- 16-bit rows on bf16 tiles
+ *
+ * A tile store costs about as long as a tile multiply and, unlike the multiplies, runs alone: on
+ * the Xeon measured, vector work after it waited for it, so a block's two int32 C tiles (one per
+ * level) and their join cost more than the multiplies. A 16-bit row's block sum also fits a bf16
+ * tile product exactly where the codes are small: with level 1 as the values 256 q1 and level 2
+ * as q2 (each exact in bf16: at most 8 significant bits) and the weight codes as bf16, both
+ * levels go into one float C tile, and every partial sum is an integer of at most 32 x 32639 x
+ * 16 = 16,711,168 < 2^24 in magnitude (codes of at most 16: Q4_0, Q4_1, Q5_0, Q4_K; Q6_K's
+ * 16-value groups of codes up to 32), so each is exact in float32 and C holds the integer sum
+ * I = 256 I1 + I2 itself, as float(I): the same value the int32 kernels convert. One tile store
+ * per block instead of two, and no join or conversion after it. */
+INLINE int bf16_tiles_fit(const int T) {
+    return T == QW_Q4_0 || T == QW_Q4_1 || T == QW_Q5_0 || T == QW_Q4_K || T == QW_Q6_K;
+}
+
+/* 16 small integers as bf16 (exact: the float's low 16 bits are zeros). */
+R8_TARGET INLINE __m256i bf16_of(__m512i v) {
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(v)), 16));
+}
+
+/* The bf16 of every code in [-32, 32), indexed by its low 6 bits (vpermi2w: entries 0-31 in lo,
+ * 32-63, the negative codes, in hi). */
+R8_TARGET INLINE void bf16_code_table(__m512i *lo, __m512i *hi) {
+    const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    *lo = _mm512_inserti64x4(_mm512_castsi256_si512(bf16_of(iota)), bf16_of(_mm512_add_epi32(iota, sixteen)), 1);
+    const __m512i neg = _mm512_sub_epi32(iota, _mm512_set1_epi32(32));
+    *hi = _mm512_inserti64x4(_mm512_castsi256_si512(bf16_of(neg)), bf16_of(_mm512_add_epi32(neg, sixteen)), 1);
+}
+
+/* Tile B for bf16 from the two groups' step vectors: step s holds codes 4s .. 4s + 3 of each row,
+ * so its even dwords (as bf16 words) are pair 2s of the 8 rows and its odd dwords pair 2s + 1;
+ * B's row k is pair k of group 0's 8 rows, then of group 1's. */
+R8_TARGET INLINE void put_pairs(uint8_t *B, const __m256i c0[8], const __m256i c1[8], __m512i lo, __m512i hi) {
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    for (int s = 0; s < 8; s++) {
+        const __m512i w0 = _mm512_permutex2var_epi16(lo, _mm512_cvtepi8_epi16(c0[s]), hi);
+        const __m512i w1 = _mm512_permutex2var_epi16(lo, _mm512_cvtepi8_epi16(c1[s]), hi);
+        _mm512_store_si512((__m512i *)(B + 128 * s), _mm512_permutex2var_epi32(w0, even, w1));
+        _mm512_store_si512((__m512i *)(B + 128 * s + 64), _mm512_permutex2var_epi32(w0, odd, w1));
+    }
+}
+
+/* A bf16 AMX block (kernels.h) from 16 plain 16-bit act rows `stride` bytes apart: per 32-value
+ * block, level 1's values 256 q1, then level 2's q2, 16 rows of 32 bf16 each, then the rows' d
+ * and s (level 2's). */
+R8_TARGET void qw_amx_act_rows_bf16_x86(const uint8_t *rows, size_t stride, int64_t n, uint8_t *dst) {
+    const size_t half = ACT_HALF(n);
+    for (int64_t b = 0; b < n / 32; b++) {
+        uint8_t *rec = dst + (size_t)b * QW_AMX_ACT_BLOCK_BF16;
+        float *d = (float *)(rec + 2048), *s = d + 16;
+        for (int m = 0; m < 16; m++) {
+            const uint8_t *row = rows + (size_t)m * stride;
+            for (int l = 0; l < 2; l++) {
+                const int8_t *q = (const int8_t *)(row + (size_t)l * half + 32 * b);
+                const __m512 f = _mm512_set1_ps(l == 0 ? 256.0f : 1.0f);
+                for (int h = 0; h < 2; h++) {
+                    const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * h)));
+                    const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(v), f);
+                    const __m256i w = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16));
+                    _mm256_storeu_si256((__m256i *)(rec + 1024 * l + 64 * m + 32 * h), w);
+                }
+            }
+            d[m] = ACT_D(row + half, n)[b];
+            s[m] = ACT_S(row + half, n)[b];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- the product */
+
 /* Blocks per phase: a phase runs CHUNK blocks' tile products, then their float work, so that
  * the tile stores are done with by the time the vector loads read them. */
 #define CHUNK QW_AMX_CHUNK
 
-/* The work area: CHUNK unpacked blocks, each tile B (512 bytes), then S, Sb (Q6_K's second group)
- * and the min factors M of the 16 weight rows (16 floats each); then the min sums of the call's
- * act blocks (16 x 16 floats each). */
+/* The work area: CHUNK unpacked blocks, each tile B (512 bytes of int8 codes, or 1 KiB of bf16),
+ * then S, Sb (Q6_K's second group) and the min factors M of the 16 weight rows (16 floats each);
+ * then the min sums of the call's act blocks (16 x 16 floats each). */
 #define WORK_BLOCK QW_AMX_WORK_BLOCK
 #define WORK_B 0
-#define WORK_S 512
-#define WORK_SB 576
-#define WORK_M 640
+#define WORK_S 1024
+#define WORK_SB 1088
+#define WORK_M 1152
 
-/* Blocks b0 .. b0 + n - 1 of the two groups unpacked into the work area, once for every act block
- * of the call (one unpacking per 16 act rows made it a third of the product's time). */
-R8_TARGET INLINE void unpack_groups(const int T, const uint8_t *g0, const uint8_t *g1, int64_t b0, int n,
-                                    uint8_t *work) {
+/* Blocks b0 .. b0 + n - 1 of the two groups unpacked into the work area (tile B as int8 codes, or
+ * as bf16 with BF), once for every act block of the call (one unpacking per 16 act rows made it a
+ * third of the product's time). */
+R8_TARGET INLINE void unpack_groups(const int T, const int BF, const uint8_t *g0, const uint8_t *g1, int64_t b0,
+                                    int n, uint8_t *work) {
     const int subs = IS_K(T) ? 8 : 1;
     const int rb = record_bytes(T);
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    if (BF) bf16_code_table(&lo, &hi);
     for (int k = 0; k < n; k++) {
         const int64_t b = b0 + k, i = b / subs;
         const int j = (int)(b % subs);
         const uint8_t *rec[2] = {g0 + (size_t)i * (size_t)rb, g1 ? g1 + (size_t)i * (size_t)rb : NULL};
         uint8_t *w = work + (size_t)k * WORK_BLOCK;
         __m256 S[2], Sb[2], M[2];
+        __m256i c[2][8];
         for (int h = 0; h < 2; h++) {
-            __m256i c[8];
             S[h] = Sb[h] = M[h] = _mm256_setzero_ps();
             if (!rec[h]) {
-                for (int t = 0; t < 8; t++) c[t] = _mm256_setzero_si256();
+                for (int t = 0; t < 8; t++) c[h][t] = _mm256_setzero_si256();
             } else {
                 const __m256 D = f16x8(rec[h]);
                 __m256 Dmin = _mm256_setzero_ps();
                 if (T == QW_Q4_1 || T == QW_Q5_1) M[h] = f16x8(rec[h] + 16);
                 if (T == QW_Q4_K || T == QW_Q5_K) Dmin = f16x8(rec[h] + 16);
                 qw_prefetch_share(rec[h], rb, subs, j);
-                unpack_sub(T, rec[h], j, D, Dmin, c, &S[h], &Sb[h], &M[h]);
-                take_offset(T, c);
+                unpack_sub(T, rec[h], j, D, Dmin, c[h], &S[h], &Sb[h], &M[h]);
+                take_offset(T, c[h]);
             }
-            put_steps(w + WORK_B, c, h);
+            if (!BF) put_steps(w + WORK_B, c[h], h);
         }
+        if (BF) put_pairs(w + WORK_B, c[0], c[1], lo, hi);
         _mm512_store_ps((float *)(w + WORK_S), join_ps(S[0], S[1]));
         _mm512_store_ps((float *)(w + WORK_SB), join_ps(Sb[0], Sb[1]));
         _mm512_store_ps((float *)(w + WORK_M), join_ps(M[0], M[1]));
     }
 }
 
+/* The bf16 form of block_tiles: one float C tile per block (per 16-value group for Q6_K), level 1
+ * then level 2 added into it, stored to Cb (1 KiB each). */
+R8_TARGET INLINE void block_tiles_bf16(const int T, const uint8_t *B, const uint8_t *x, float *Cb) {
+    if (T == QW_Q6_K) {
+        TILE_LOAD(4, B, 64);
+        TILE_LOAD(5, B + 512, 64);
+        _tile_zero(0);
+        _tile_zero(1);
+        TILE_LOAD(2, x, 64);
+        _tile_dpbf16ps(0, 2, 4);
+        TILE_LOAD(3, x + 1024, 64);
+        _tile_dpbf16ps(0, 3, 4);
+        TILE_LOAD(2, x + 32, 64);
+        _tile_dpbf16ps(1, 2, 5);
+        TILE_LOAD(3, x + 1024 + 32, 64);
+        _tile_dpbf16ps(1, 3, 5);
+        TILE_STORE(0, Cb, 64);
+        TILE_STORE(1, Cb + 256, 64);
+        return;
+    }
+    TILE_LOAD(4, B, 64);
+    _tile_zero(0);
+    TILE_LOAD(2, x, 64);
+    _tile_dpbf16ps(0, 2, 4);
+    TILE_LOAD(3, x + 1024, 64);
+    _tile_dpbf16ps(0, 3, 4);
+    TILE_STORE(0, Cb, 64);
+}
+
+/* Act row m's block sum as a float: from the int32 C tiles (levels joined, then converted), or
+ * as the bf16 C tile holds it. */
+R8_TARGET INLINE __m512 block_value(const int BF, const int levels, const int32_t *c1, const int32_t *c2, int m) {
+    if (BF) return _mm512_load_ps((const float *)c1 + 16 * m);
+    return _mm512_cvtepi32_ps(joined(levels, c1, c2, m));
+}
+
 /* Blocks b0 .. b0 + n - 1 (unpacked in the work area) for the 16 act rows of AMX block xa: the
  * sums acc[m] (kept at out + 16 m between phases) and the min sums (at macc + 16 m). */
-R8_TARGET INLINE void block_product(const int T, const int BITS, const uint8_t *xa, int64_t b0, int n,
+R8_TARGET INLINE void block_product(const int T, const int BITS, const int BF, const uint8_t *xa, int64_t b0, int n,
                                     const uint8_t *work, float *out, float *macc) {
     const int levels = BITS == 16 ? 2 : 1;
-    const size_t ab = QW_AMX_ACT_BLOCK(BITS);
-    const int cper = T == QW_Q6_K ? 1024 : 512; /* int32 of C per block */
+    const size_t ab = BF ? QW_AMX_ACT_BLOCK_BF16 : QW_AMX_ACT_BLOCK(BITS);
+    const size_t scales = BF ? 2048 : 512 * (size_t)levels; /* offset of an act block's d */
+    /* C per block (4-byte values): int32, level 1 then 2 (Q6_K: level 1's groups 0, 1, then level
+     * 2's); bf16: one float tile (Q6_K: groups 0, 1) */
+    const int cper = BF ? (T == QW_Q6_K ? 512 : 256) : (T == QW_Q6_K ? 1024 : 512);
+    const int lvl2 = T == QW_Q6_K ? 512 : 256; /* offset of the int32 level 2 */
     _Alignas(64) int32_t Cb[CHUNK * 1024];
-    for (int k = 0; k < n; k++)
-        block_tiles(T, levels, work + (size_t)k * WORK_BLOCK + WORK_B, xa + (size_t)(b0 + k) * ab, Cb + k * cper);
+    for (int k = 0; k < n; k++) {
+        const uint8_t *B = work + (size_t)k * WORK_BLOCK + WORK_B, *x = xa + (size_t)(b0 + k) * ab;
+        if (BF)
+            block_tiles_bf16(T, B, x, (float *)(Cb + k * cper));
+        else
+            block_tiles(T, levels, B, x, Cb + k * cper);
+    }
     __m512 acc[16];
     for (int m = 0; m < 16; m++) acc[m] = _mm512_load_ps(out + 16 * m);
     for (int k = 0; k < n; k++) {
         const uint8_t *w = work + (size_t)k * WORK_BLOCK;
-        const float *dx = (const float *)(xa + (size_t)(b0 + k) * ab + 512 * (size_t)levels);
+        const float *dx = (const float *)(xa + (size_t)(b0 + k) * ab + scales);
         const int32_t *cb = Cb + k * cper;
         const __m512 Sk = _mm512_load_ps((const float *)(w + WORK_S));
-        /* Q6_K's C order: level 1 groups 0, 1, then level 2's; the others: levels 1, 2 */
-        const int32_t *ca1 = cb, *ca2 = cb + (T == QW_Q6_K ? 512 : 256);
+        /* Q6_K's second group: int32 level 1 at 256 (level 2 at 768); bf16 at 256 */
         for (int m = 0; m < 16; m++) {
             const __m512 d = _mm512_set1_ps(dx[m]);
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(joined(levels, ca1, ca2, m)), _mm512_mul_ps(Sk, d), acc[m]);
+            acc[m] = _mm512_fmadd_ps(block_value(BF, levels, cb, cb + lvl2, m), _mm512_mul_ps(Sk, d), acc[m]);
             if (T == QW_Q6_K)
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(joined(levels, cb + 256, cb + 768, m)),
+                acc[m] = _mm512_fmadd_ps(block_value(BF, levels, cb + 256, cb + 768, m),
                                          _mm512_mul_ps(_mm512_load_ps((const float *)(w + WORK_SB)), d), acc[m]);
         }
     }
@@ -231,7 +358,7 @@ R8_TARGET INLINE void block_product(const int T, const int BITS, const uint8_t *
         for (int m = 0; m < 16; m++) {
             __m512 v = _mm512_load_ps(macc + 16 * m);
             for (int k = 0; k < n; k++) {
-                const float *sx = (const float *)(xa + (size_t)(b0 + k) * ab + 512 * (size_t)levels) + 16;
+                const float *sx = (const float *)(xa + (size_t)(b0 + k) * ab + scales) + 16;
                 v = _mm512_fmadd_ps(_mm512_load_ps((const float *)(work + (size_t)k * WORK_BLOCK + WORK_M)),
                                     _mm512_set1_ps(sx[m]), v);
             }
@@ -245,18 +372,18 @@ R8_TARGET INLINE void block_product(const int T, const int BITS, const uint8_t *
  * area went out to L2 and back for one act block.) Writing each block's outputs to Y from here,
  * at Y's row stride, made the 1.5B's gate and up products 26% slower than writing them to out
  * and copying after. */
-R8_TARGET INLINE void product_amx(const int T, const int BITS, const uint8_t *g0, const uint8_t *g1, int64_t K,
-                                  const uint8_t *xa, size_t astride, int64_t n, uint8_t *work, float *out) {
+R8_TARGET INLINE void product_amx(const int T, const int BITS, const int BF, const uint8_t *g0, const uint8_t *g1,
+                                  int64_t K, const uint8_t *xa, size_t astride, int64_t n, uint8_t *work, float *out) {
     float *macc = (float *)(work + CHUNK * WORK_BLOCK);
-    use_config(T == QW_Q6_K ? 1 : 0);
+    use_config((BF ? 2 : 0) + (T == QW_Q6_K ? 1 : 0));
     memset(out, 0, (size_t)n * 256 * sizeof(float));
     if (HAS_MIN(T)) memset(macc, 0, (size_t)n * 256 * sizeof(float));
     const int64_t nblocks = K / 32;
     for (int64_t b0 = 0; b0 < nblocks; b0 += CHUNK) {
         const int nb = nblocks - b0 < CHUNK ? (int)(nblocks - b0) : CHUNK;
-        unpack_groups(T, g0, g1, b0, nb, work);
+        unpack_groups(T, BF, g0, g1, b0, nb, work);
         for (int64_t j = 0; j < n; j++)
-            block_product(T, BITS, xa + (size_t)j * astride, b0, nb, work, out + 256 * j, macc + 256 * j);
+            block_product(T, BITS, BF, xa + (size_t)j * astride, b0, nb, work, out + 256 * j, macc + 256 * j);
     }
     _tile_release();
     if (HAS_MIN(T))
@@ -269,13 +396,30 @@ R8_TARGET INLINE void product_amx(const int T, const int BITS, const uint8_t *g0
 #define AMX(T, NAME, BITS)                                                                                      \
     R8_TARGET static void amx_##NAME##_##BITS(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa, \
                                               size_t astride, int64_t n, uint8_t *work, float *out) {          \
-        product_amx(T, BITS, g0, g1, K, xa, astride, n, work, out);                                             \
+        product_amx(T, BITS, 0, g0, g1, K, xa, astride, n, work, out);                                          \
     }
 #define AMXS(T, NAME) AMX(T, NAME, 8) AMX(T, NAME, 16)
 R8_TYPES(AMXS)
 
+/* The 16-bit kernels on bf16 tiles, for the types bf16_tiles_fit. */
+#define AMXB(T, NAME)                                                                                           \
+    R8_TARGET static void amxb_##NAME(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa,         \
+                                      size_t astride, int64_t n, uint8_t *work, float *out) {                  \
+        if (bf16_tiles_fit(T)) product_amx(T, 16, 1, g0, g1, K, xa, astride, n, work, out);                     \
+    }
+R8_TYPES(AMXB)
+
 qw_amx_fn qw_amx_kernel_x86(int dtype, int bits) {
 #define CASE(T, NAME) case T: return bits == 16 ? amx_##NAME##_16 : amx_##NAME##_8;
+    switch (dtype) {
+    R8_TYPES(CASE)
+    default: return NULL;
+    }
+#undef CASE
+}
+
+qw_amx_fn qw_amx_kernel_bf16_x86(int dtype) {
+#define CASE(T, NAME) case T: return bf16_tiles_fit(T) ? amxb_##NAME : NULL;
     switch (dtype) {
     R8_TYPES(CASE)
     default: return NULL;
@@ -288,5 +432,17 @@ qw_amx_fn qw_amx_kernel_x86(int dtype, int bits) {
     (void)dtype;
     (void)bits;
     return NULL;
+}
+
+qw_amx_fn qw_amx_kernel_bf16_x86(int dtype) {
+    (void)dtype;
+    return NULL;
+}
+
+void qw_amx_act_rows_bf16_x86(const uint8_t *rows, size_t stride, int64_t n, uint8_t *dst) {
+    (void)rows;
+    (void)stride;
+    (void)n;
+    (void)dst;
 }
 #endif

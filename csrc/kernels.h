@@ -51,6 +51,11 @@ typedef void (*qw_r8_fn)(const uint8_t *group, int64_t K, const uint8_t *xq, siz
  * offsets off in the weights). */
 #define QW_AMX_ACT_BLOCK(bits) ((size_t)((bits) == 16 ? 2 : 1) * 512 + 128)
 void qw_amx_act_rows(const uint8_t *rows, size_t stride, int64_t n, int bits, uint8_t *dst);
+/* The bf16 AMX blocks of 16-bit rows (intdot_amx.c; for the bf16 kernels): per 32-value block,
+ * level 1's codes as the bf16 values 256 q1 and level 2's as q2, each 16 rows of 32 (1 KiB a
+ * level), then level 2's d and s of the 16 rows; QW_AMX_ACT_BLOCK_BF16 bytes per 32 values. */
+#define QW_AMX_ACT_BLOCK_BF16 ((size_t)2048 + 128)
+void qw_amx_act_rows_bf16_x86(const uint8_t *rows, size_t stride, int64_t n, uint8_t *dst);
 
 /* The AMX product (intdot_amx.c) of n AMX blocks (block j at xa + j * astride, 16 act rows each)
  * with the 16 rows of two repacked groups g0 and g1 (g1 NULL when there is only one: outputs
@@ -59,13 +64,18 @@ void qw_amx_act_rows(const uint8_t *rows, size_t stride, int64_t n, int bits, ui
  * rows. The groups are unpacked into `work` (QW_AMX_WORK(n) bytes, 64-byte aligned) a few blocks
  * at a time, once for all n blocks. */
 #define QW_AMX_CHUNK 8        /* blocks unpacked at a time */
-#define QW_AMX_WORK_BLOCK 704 /* bytes of one unpacked block: tile B, then 3 x 16 floats */
+#define QW_AMX_WORK_BLOCK 1216 /* bytes of one unpacked block: tile B (up to 1 KiB), then 3 x 16 floats */
 #define QW_AMX_WORK(n) ((size_t)QW_AMX_CHUNK * QW_AMX_WORK_BLOCK + (size_t)(n) * 1024) /* and n min sums */
 typedef void (*qw_amx_fn)(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa, size_t astride,
                           int64_t n, uint8_t *work, float *out);
 qw_amx_fn qw_amx_kernel_x86(int dtype, int bits);
 /* The AMX kernel for a stored type when the AMX path is taken (cpu.h), else NULL. */
 qw_amx_fn qw_amx_kernel(int dtype, int bits);
+/* The same product of 16-bit rows on bf16 tiles, taking bf16 AMX blocks: for the types whose
+ * block sums stay exact in float32 there (Q4_0, Q4_1, Q5_0, Q4_K, Q6_K; NULL for the others), when
+ * the path with bf16 tiles is taken (cpu.h); the same bits again. */
+qw_amx_fn qw_amx_kernel_bf16_x86(int dtype);
+qw_amx_fn qw_amx_kernel_bf16(int dtype);
 
 /* Pair row `dst` (qw_act_bytes(QW_Q8_0, n, bits) bytes per row, so twice that) from the act
  * rows a and b of n values (act.c). */

@@ -82,12 +82,15 @@ static const uint8_t *quantize_rows(int bits, const float *X, int64_t M, int64_t
     return failed ? NULL : out;
 }
 
-/* X's rows for the AMX kernels: the first 16 * (M / 16) as AMX blocks (kernels.h), *block bytes
- * each, then the rest as plain act rows, *stride bytes each. Each block's 16 plain rows are
- * quantized into the thread's own buffer and laid out from there. NULL when out of memory. */
-static const uint8_t *quantize_amx(int bits, const float *X, int64_t M, int64_t K, size_t *block, size_t *stride) {
+/* X's rows for the AMX kernels: the first 16 * (M / 16) as AMX blocks (kernels.h; with bf16, the
+ * bf16 kernels' form), *block bytes each, then the rest as plain act rows, *stride bytes each.
+ * Each block's 16 plain rows are quantized into the thread's own buffer and laid out from there.
+ * NULL when out of memory. */
+static const uint8_t *quantize_amx(int bits, int bf16, const float *X, int64_t M, int64_t K, size_t *block,
+                                   size_t *stride) {
     const size_t used = qw_act_bytes(QW_Q8_0, K, bits), act = (used + 63) & ~(size_t)63;
-    const size_t blk = ((size_t)(K / 32) * QW_AMX_ACT_BLOCK(bits) + 63) & ~(size_t)63;
+    const size_t per = bf16 ? QW_AMX_ACT_BLOCK_BF16 : QW_AMX_ACT_BLOCK(bits);
+    const size_t blk = ((size_t)(K / 32) * per + 63) & ~(size_t)63;
     const int64_t nblk = M / 16, items = nblk + M % 16;
     uint8_t *out = grow(pair_buf, &pair_cap, blk * (size_t)nblk + act * (size_t)(M % 16));
     if (!out) return NULL;
@@ -108,7 +111,10 @@ static const uint8_t *quantize_amx(int bits, const float *X, int64_t M, int64_t 
         }
         act_buf = rows;
         for (int m = 0; m < 16; m++) qw_quantize_act(QW_Q8_0, X + (16 * it + m) * K, rows + (size_t)m * act, K, bits);
-        qw_amx_act_rows(rows, act, K, bits, out + (size_t)it * blk);
+        if (bf16)
+            qw_amx_act_rows_bf16_x86(rows, act, K, out + (size_t)it * blk);
+        else
+            qw_amx_act_rows(rows, act, K, bits, out + (size_t)it * blk);
     }
     *block = blk;
     *stride = act;
@@ -217,9 +223,14 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
             const uint8_t *ga = groups + (size_t)((g0 - n0) / 8) * gb;
             pl->amx(ga, rows > 8 ? ga + gb : NULL, K, xq + (size_t)(m0 / 16) * pl->amx_block, pl->amx_block, nblk,
                     amx, res);
-            for (int64_t i = 0; i < 16 * nblk; i++)
-                for (int r = 0; r < rows; r++)
-                    p->Y[(m0 + i) * p->N + g0 + r] = res[i * 16 + r] + (p->bias ? p->bias[g0 + r] : 0.0f);
+            /* + 0.0f without a bias, as on the other paths (it turns a -0.0 into +0.0) */
+            static const float no_bias[16];
+            const float *b = p->bias ? p->bias + g0 : no_bias;
+            for (int64_t i = 0; i < 16 * nblk; i++) {
+                float *restrict y = p->Y + (m0 + i) * p->N + g0;
+                const float *restrict s = res + i * 16;
+                for (int r = 0; r < rows; r++) y[r] = s[r] + b[r];
+            }
         }
         m0 += 16 * nblk;
     }
@@ -274,19 +285,29 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
      * act rows go in pairs where the SIMD path has pair kernels */
     int amx = act && M >= 16 && qw_amx_kernel(QW_Q8_0, act) != NULL;
     int pairs = !amx && act && M >= 2 && qw_r8_kernel_pairs(QW_Q8_0, act) != NULL;
+    /* 16-bit rows on bf16 tiles when every integer product of the group has such a kernel (the
+     * act rows are laid out once, in one form, for all of them) */
+    int bf16 = amx && act == 16, all_q6k = 1;
+    for (int i = 0; i < count && bf16; i++) {
+        int base = p[i].dtype >= QW_R8 ? p[i].dtype - QW_R8 : p[i].dtype;
+        if (!qw_r8_kernel(base, act)) continue;
+        if (!qw_amx_kernel_bf16(base)) bf16 = 0;
+        if (base != QW_Q6_K) all_q6k = 0;
+    }
+    if (bf16 && !all_q6k && (size_t)(K / 32) * QW_AMX_ACT_BLOCK_BF16 * 4 > ACT_ROUND_BYTES) bf16 = 0;
     for (int i = 0; i < count; i++) {
         pl[i].p = &p[i];
         pl[i].repacked = p[i].dtype >= QW_R8;
         pl[i].base = pl[i].repacked ? p[i].dtype - QW_R8 : p[i].dtype;
         pl[i].pairs = pairs;
         pl[i].idot = !act ? NULL : pairs ? qw_r8_kernel_pairs(pl[i].base, act) : qw_r8_kernel(pl[i].base, act);
-        pl[i].amx = amx && pl[i].idot ? qw_amx_kernel(pl[i].base, act) : NULL;
+        pl[i].amx = !amx || !pl[i].idot ? NULL : bf16 ? qw_amx_kernel_bf16(pl[i].base) : qw_amx_kernel(pl[i].base, act);
         pl[i].stride = qw_row_bytes(p[i].dtype, K);
         if (pl[i].idot) {
             pl[i].rows = ROW_CHUNK;
             size_t item_bytes = qw_r8_group_bytes(pl[i].base, K) * (ROW_CHUNK / 8);
             if (!pl[i].repacked && item_bytes > pack_bytes) pack_bytes = item_bytes;
-            if (!xq && amx && !(xq = quantize_amx(act, X, M, K, &amx_block, &xstride))) return QW_ENOMEM;
+            if (!xq && amx && !(xq = quantize_amx(act, bf16, X, M, K, &amx_block, &xstride))) return QW_ENOMEM;
             if (!xq && !(xq = quantize_rows(act, X, M, K, pairs, &xstride))) return QW_ENOMEM;
             pl[i].first = round_items;
             round_items += (p[i].N + pl[i].rows - 1) / pl[i].rows;

@@ -1,6 +1,6 @@
 # Included by _ops.pyx and _quant.pyx, each of which declares qw_simd_level, qw_cpu_simd_level,
 # qw_default_simd_level and qw_set_simd_level from cpu.h.
-SIMD_PATHS = ("plain", "avx2", "avx512", "avx512w", "amx")
+SIMD_PATHS = ("plain", "avx2", "avx512", "avx512w", "amx", "amxbf16")
 
 
 def simd_paths():
@@ -11,13 +11,15 @@ def simd_paths():
 def simd_path():
     """The path the kernels take now: "plain", "avx2", "avx512" (AVX2 with the AVX-512 VNNI
     integer products on 256-bit vectors), "avx512w" (those of several act rows on 512-bit
-    vectors, two rows per vector) or "amx" (as avx512w, with 16 act rows at a time on AMX tiles)."""
+    vectors, two rows per vector), "amx" (as avx512w, with 16 act rows at a time on AMX tiles) or
+    "amxbf16" (as amx, 16-bit act rows on bf16 tiles where the stored type allows)."""
     return SIMD_PATHS[qw_simd_level()]
 
 
 def default_simd_path():
-    """The path this CPU takes unless told otherwise (on AVX-512 CPUs: "amx" on Intel's with AMX,
-    "avx512w" on Intel's without, "avx512" on others)."""
+    """The path this CPU takes unless told otherwise (on AVX-512 CPUs: "amxbf16" on Intel's with
+    AMX-BF16, "amx" on those with AMX-INT8 alone, "avx512w" on Intel's without AMX, "avx512" on
+    others)."""
     return SIMD_PATHS[qw_default_simd_level()]
 
 

@@ -75,7 +75,8 @@ def dot_instruction() -> str:
     from . import _ops
     return {"plain": "plain C byte products", "avx2": "AVX2 vpmaddubsw (with its adds)",
             "avx512": "256-bit vpdpbusd", "avx512w": "512-bit vpdpbusd",
-            "amx": "512-bit vpdpbusd (the AMX tiles are not probed)"}[_ops.simd_path()]
+            "amx": "512-bit vpdpbusd (the AMX tiles are not probed)",
+            "amxbf16": "512-bit vpdpbusd (the AMX tiles are not probed)"}[_ops.simd_path()]
 
 
 def int_products_per_token(model, logits_rows: float = 1.0) -> float:
@@ -102,7 +103,9 @@ def kernel_path() -> str:
             "avx512w": "AVX2+FMA+F16C, AVX-512 VNNI integer products (512-bit for several act rows) and "
                        "AVX-512 attention",
             "amx": "AVX2+FMA+F16C, AVX-512 VNNI integer products (512-bit for several act rows, AMX tiles "
-                   "for 16 at a time) and AVX-512 attention"}[_ops.simd_path()]
+                   "for 16 at a time) and AVX-512 attention",
+            "amxbf16": "AVX2+FMA+F16C, AVX-512 VNNI integer products (512-bit for several act rows, AMX tiles "
+                       "for 16 at a time, bf16 tiles for 16-bit rows where exact) and AVX-512 attention"}[_ops.simd_path()]
 
 
 def roofline(model):

@@ -56,7 +56,7 @@ def _simd_paths():
 
 @pytest.fixture(params=_simd_paths())
 def simd(request):
-    """Run the test on every kernel path this CPU has ("plain" always, "avx2", "avx512", "avx512w", "amx"),
+    """Run the test on every kernel path this CPU has ("plain" always, "avx2", "avx512", "avx512w", "amx", "amxbf16"),
     restoring the setting after. Both extension modules carry their own copy of the kernels and of
     the switch: both are set. Only the paths the CPU has are collected, so none is skipped."""
     from qwenc import _ops, _quant

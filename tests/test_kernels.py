@@ -418,7 +418,7 @@ def test_dot_peak_does_the_products_it_counts(rounds, threads):
         _ops.set_threads(threads)
         for path in _ops.simd_paths():
             _ops.set_simd_path(path)
-            per_round = 24 * (64 if path in ("avx512w", "amx") else 32)
+            per_round = 24 * (64 if path in ("avx512w", "amx", "amxbf16") else 32)
             assert _ops.dot_peak(rounds) == threads * done * per_round, path
     finally:
         _ops.set_threads(prev_threads)
@@ -435,7 +435,7 @@ def test_dot_peak_counts_long_runs_without_wrapping():
     try:
         _ops.set_threads(1)
         rounds = (1 << 26) + 8 * 3  # past the wrap, and not a whole number of segments
-        per_round = 24 * (64 if _ops.simd_path() in ("avx512w", "amx") else 32)
+        per_round = 24 * (64 if _ops.simd_path() in ("avx512w", "amx", "amxbf16") else 32)
         assert _ops.dot_peak(rounds) == rounds * per_round
     finally:
         _ops.set_threads(prev)

@@ -754,6 +754,52 @@ def test_matmul_prefill_sized_paths_give_the_same_bits(name, bits):
             assert_int_dot_close(want[m], w, row_values(xq[m], K, bits), mins)
 
 
+# Byte ranges of each type's code fields in a block, and the byte that sets every code there to
+# the type's largest magnitude (Q4_0 -8, Q4_1 15, Q5_0 -16, Q5_1 31, Q8_0 -128, Q4_K 15, Q5_K 31,
+# Q6_K -32).
+EXTREME_CODES = {"Q4_0": ([(2, 18)], 0x00), "Q4_1": ([(4, 20)], 0xFF), "Q5_0": ([(2, 22)], 0x00),
+                 "Q5_1": ([(4, 24)], 0xFF), "Q8_0": ([(2, 34)], 0x80), "Q4_K": ([(16, 144)], 0xFF),
+                 "Q5_K": ([(16, 176)], 0xFF), "Q6_K": ([(0, 192)], 0x00)}
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+def test_matmul_prefill_extreme_codes_give_the_same_bits(name):
+    """The largest block sums a 16-bit row can reach: every weight code at its type's largest
+    magnitude, the act values at q1 = 126 and q2 = 127 or 126 in turn (the level-2 code at its
+    limit, odd sums over each pair of values) but the one that sets the block's scale. The bf16
+    tiles (amxbf16) take only the types whose partial sums stay below 2^24, exact in float32
+    whatever order and rounding the tile unit uses (Q5_0 reaches 16.5 million here: 32 x 32383 x
+    16). Every path gives dot_rows_act's bits. (Q8_0 routed to the bf16 tiles fails here: its codes
+    are outside their code table. Q5_1 and Q5_K routed there, past 2^24, gave the right bits on the
+    Xeon measured, but the rounding inside a tile product is not specified, so they stay off.)"""
+    from qwenc import _ops
+    simd = [p for p in _ops.simd_paths() if p != "plain"] or ["plain"]
+    N, K, M = 37, 512, 32
+    raw = random_blocks(name, N, K, np.random.default_rng(5))
+    elems, nbytes = BLOCK[CODE[name]]
+    blocks = raw.reshape(N, K // elems, nbytes)
+    ranges, byte = EXTREME_CODES[name]
+    for a, b in ranges:
+        blocks[..., a:b] = byte
+    data = blocks.reshape(N, -1)
+    x = np.full((M, K), 126.498 / 127.0, np.float32)
+    x[:, 1::2] = 126.494 / 127.0
+    x[:, ::32] = 1.0
+    x[1::2] *= -1.0
+    prev = _ops.simd_path(), _quant.simd_path()
+    try:
+        xq = _quant.quantize_activations(x, CODE[name], bits=16)
+        want = np.stack([_quant.dot_rows_act(data, CODE[name], N, K, xq[m], bits=16) for m in range(M)])
+        for p in simd:
+            _ops.set_simd_path(p)
+            y = np.full((M, N), np.nan, np.float32)
+            _ops.matmul(data.reshape(-1), CODE[name], N, K, x, y, None, 16)
+            assert_same_bits(y, want.astype(np.float32))
+    finally:
+        _ops.set_simd_path(prev[0])
+        _quant.set_simd_path(prev[1])
+
+
 def test_matmul_prefill_beside_another_copy_of_the_kernels(tmp_path):
     """A second copy of the kernels in the process (here _ops loaded again from a copy of its
     file; in use, any library with AMX) may set the tile configuration of the same thread between
