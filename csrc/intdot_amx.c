@@ -20,8 +20,9 @@
  * no code, so they are summed in a loop of their own after each phase (the same FMAs in the same
  * order), which keeps the main loop's 16 accumulators in registers.
  *
- * Compiled for CPUs with AMX-INT8 (cpu.c checks the CPU and asks the kernel for the tile state at
- * run time). */
+ * 16-bit rows of the types with small codes can instead go on bf16 tiles, both levels in one
+ * float C tile (below). Compiled for CPUs with AMX-INT8 and AMX-BF16 (cpu.c checks the CPU and
+ * asks the kernel for the tile state at run time). */
 #include "kernels.h"
 #include "qblock.h"
 
