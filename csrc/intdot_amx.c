@@ -171,9 +171,7 @@ R8_TARGET INLINE __m512i joined(const int levels, const int32_t *c1, const int32
  * 16-value groups of codes up to 32), so each is exact in float32 and C holds the integer sum
  * I = 256 I1 + I2 itself, as float(I): the same value the int32 kernels convert. One tile store
  * per block instead of two, and no join or conversion after it. */
-INLINE int bf16_tiles_fit(const int T) {
-    return T == QW_Q4_0 || T == QW_Q4_1 || T == QW_Q5_0 || T == QW_Q4_K || T == QW_Q6_K;
-}
+#define BF16_TYPES(X) X(QW_Q4_0, q4_0) X(QW_Q4_1, q4_1) X(QW_Q5_0, q5_0) X(QW_Q4_K, q4_k) X(QW_Q6_K, q6_k)
 
 /* 16 small integers as bf16 (exact: the float's low 16 bits are zeros). */
 R8_TARGET INLINE __m256i bf16_of(__m512i v) {
@@ -246,14 +244,12 @@ R8_TARGET void qw_amx_act_rows_bf16_x86(const uint8_t *rows, size_t stride, int6
 #define WORK_M 1152
 
 /* Blocks b0 .. b0 + n - 1 of the two groups unpacked into the work area (tile B as int8 codes, or
- * as bf16 with BF), once for every act block of the call (one unpacking per 16 act rows made it a
+ * as bf16 with BF, through the code table lo, hi), once for every act block of the call (one unpacking per 16 act rows made it a
  * third of the product's time). */
 R8_TARGET INLINE void unpack_groups(const int T, const int BF, const uint8_t *g0, const uint8_t *g1, int64_t b0,
-                                    int n, uint8_t *work) {
+                                    int n, __m512i lo, __m512i hi, uint8_t *work) {
     const int subs = IS_K(T) ? 8 : 1;
     const int rb = record_bytes(T);
-    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
-    if (BF) bf16_code_table(&lo, &hi);
     for (int k = 0; k < n; k++) {
         const int64_t b = b0 + k, i = b / subs;
         const int j = (int)(b % subs);
@@ -379,10 +375,12 @@ R8_TARGET INLINE void product_amx(const int T, const int BITS, const int BF, con
     use_config((BF ? 2 : 0) + (T == QW_Q6_K ? 1 : 0));
     memset(out, 0, (size_t)n * 256 * sizeof(float));
     if (HAS_MIN(T)) memset(macc, 0, (size_t)n * 256 * sizeof(float));
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    if (BF) bf16_code_table(&lo, &hi);
     const int64_t nblocks = K / 32;
     for (int64_t b0 = 0; b0 < nblocks; b0 += CHUNK) {
         const int nb = nblocks - b0 < CHUNK ? (int)(nblocks - b0) : CHUNK;
-        unpack_groups(T, BF, g0, g1, b0, nb, work);
+        unpack_groups(T, BF, g0, g1, b0, nb, lo, hi, work);
         for (int64_t j = 0; j < n; j++)
             block_product(T, BITS, BF, xa + (size_t)j * astride, b0, nb, work, out + 256 * j, macc + 256 * j);
     }
@@ -402,13 +400,13 @@ R8_TARGET INLINE void product_amx(const int T, const int BITS, const int BF, con
 #define AMXS(T, NAME) AMX(T, NAME, 8) AMX(T, NAME, 16)
 R8_TYPES(AMXS)
 
-/* The 16-bit kernels on bf16 tiles, for the types bf16_tiles_fit. */
+/* The 16-bit kernels on bf16 tiles, for BF16_TYPES. */
 #define AMXB(T, NAME)                                                                                           \
     R8_TARGET static void amxb_##NAME(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa,         \
                                       size_t astride, int64_t n, uint8_t *work, float *out) {                  \
-        if (bf16_tiles_fit(T)) product_amx(T, 16, 1, g0, g1, K, xa, astride, n, work, out);                     \
+        product_amx(T, 16, 1, g0, g1, K, xa, astride, n, work, out);                                            \
     }
-R8_TYPES(AMXB)
+BF16_TYPES(AMXB)
 
 qw_amx_fn qw_amx_kernel_x86(int dtype, int bits) {
 #define CASE(T, NAME) case T: return bits == 16 ? amx_##NAME##_16 : amx_##NAME##_8;
@@ -420,9 +418,9 @@ qw_amx_fn qw_amx_kernel_x86(int dtype, int bits) {
 }
 
 qw_amx_fn qw_amx_kernel_bf16_x86(int dtype) {
-#define CASE(T, NAME) case T: return bf16_tiles_fit(T) ? amxb_##NAME : NULL;
+#define CASE(T, NAME) case T: return amxb_##NAME;
     switch (dtype) {
-    R8_TYPES(CASE)
+    BF16_TYPES(CASE)
     default: return NULL;
     }
 #undef CASE

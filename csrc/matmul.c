@@ -27,13 +27,13 @@
 
 static _Thread_local uint8_t *act_buf;
 static _Thread_local size_t act_cap;
-static _Thread_local float *tile_buf;
+static _Thread_local void *tile_buf;
 static _Thread_local size_t tile_cap;
-static _Thread_local uint8_t *pack_buf;
+static _Thread_local void *pack_buf;
 static _Thread_local size_t pack_cap;
 static _Thread_local uint8_t *pair_buf;
 static _Thread_local size_t pair_cap;
-static _Thread_local uint8_t *amx_buf;
+static _Thread_local void *amx_buf;
 static _Thread_local size_t amx_cap;
 
 static void *grow(void *buf, size_t *cap, size_t need) {
@@ -43,6 +43,17 @@ static void *grow(void *buf, size_t *cap, size_t need) {
     qw_free(buf);
     *cap = need;
     return grown;
+}
+
+/* A worker's buffer *buf grown to `need` bytes (NULL for none), *ok cleared when out of memory. */
+static void *worker_buf(void **buf, size_t *cap, size_t need, int *ok) {
+    if (!need) return NULL;
+    void *b = grow(*buf, cap, need);
+    if (b)
+        *buf = b;
+    else
+        *ok = 0;
+    return b;
 }
 
 /* X's M rows as act rows (one layout for every integer type), each on its own cache lines, in
@@ -275,6 +286,29 @@ static int product_of(const plan *pl, int count, int is_int, int64_t w) {
     return i;
 }
 
+/* The stored type of W's dtype (the one it was repacked from, if repacked). */
+static int stored_type(int dtype) { return dtype >= QW_R8 ? dtype - QW_R8 : dtype; }
+
+/* The bf16 AMX blocks (kernels.h) take twice the int8 form's bytes, so a round holds half the act
+ * rows and each weight pair is unpacked twice as often; below this many rows a round lost more to
+ * that than the bf16 tiles saved (the 1.5B's Q4_K down projection, K = 8960: 7-12% slower), but
+ * for Q6_K, whose four tile stores per block become two. */
+#define BF16_MIN_ROUND_ROWS 64
+
+/* Whether a group's 16-bit act rows go on bf16 tiles (the path has AMX-BF16): only when every
+ * integer product in it has a bf16 kernel, since the act rows are laid out once, in one form,
+ * for all of them. */
+static int group_takes_bf16(const qw_product *p, int count, int64_t K, int act) {
+    int all_q6k = 1;
+    for (int i = 0; i < count; i++) {
+        int base = stored_type(p[i].dtype);
+        if (!qw_r8_kernel(base, act)) continue; /* a float-path product */
+        if (!qw_amx_kernel_bf16(base)) return 0;
+        if (base != QW_Q6_K) all_q6k = 0;
+    }
+    return all_q6k || (size_t)(K / 32) * QW_AMX_ACT_BLOCK_BF16 / 16 * BF16_MIN_ROUND_ROWS <= ACT_ROUND_BYTES;
+}
+
 static int run_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) {
     plan pl[QW_GROUP_MAX];
     int64_t float_items = 0, round_items = 0, tile_rows = 0;
@@ -285,20 +319,11 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
      * act rows go in pairs where the SIMD path has pair kernels */
     int amx = act && M >= 16 && qw_amx_kernel(QW_Q8_0, act) != NULL;
     int pairs = !amx && act && M >= 2 && qw_r8_kernel_pairs(QW_Q8_0, act) != NULL;
-    /* 16-bit rows on bf16 tiles when every integer product of the group has such a kernel (the
-     * act rows are laid out once, in one form, for all of them) */
-    int bf16 = amx && act == 16, all_q6k = 1;
-    for (int i = 0; i < count && bf16; i++) {
-        int base = p[i].dtype >= QW_R8 ? p[i].dtype - QW_R8 : p[i].dtype;
-        if (!qw_r8_kernel(base, act)) continue;
-        if (!qw_amx_kernel_bf16(base)) bf16 = 0;
-        if (base != QW_Q6_K) all_q6k = 0;
-    }
-    if (bf16 && !all_q6k && (size_t)(K / 32) * QW_AMX_ACT_BLOCK_BF16 * 4 > ACT_ROUND_BYTES) bf16 = 0;
+    int bf16 = amx && act == 16 && group_takes_bf16(p, count, K, act);
     for (int i = 0; i < count; i++) {
         pl[i].p = &p[i];
         pl[i].repacked = p[i].dtype >= QW_R8;
-        pl[i].base = pl[i].repacked ? p[i].dtype - QW_R8 : p[i].dtype;
+        pl[i].base = stored_type(p[i].dtype);
         pl[i].pairs = pairs;
         pl[i].idot = !act ? NULL : pairs ? qw_r8_kernel_pairs(pl[i].base, act) : qw_r8_kernel(pl[i].base, act);
         pl[i].amx = !amx || !pl[i].idot ? NULL : bf16 ? qw_amx_kernel_bf16(pl[i].base) : qw_amx_kernel(pl[i].base, act);
@@ -332,31 +357,10 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     int failed = 0;
 #pragma omp parallel num_threads(qw_get_threads())
     {
-        float *T = NULL;
-        uint8_t *pack = NULL;
         int ok = 1;
-        if (tile_rows) {
-            T = grow(tile_buf, &tile_cap, (size_t)tile_rows * (size_t)K * sizeof(float));
-            if (T)
-                tile_buf = T;
-            else
-                ok = 0;
-        }
-        if (pack_bytes) {
-            pack = grow(pack_buf, &pack_cap, pack_bytes);
-            if (pack)
-                pack_buf = pack;
-            else
-                ok = 0;
-        }
-        uint8_t *amxw = NULL;
-        if (amx_bytes) {
-            amxw = grow(amx_buf, &amx_cap, amx_bytes);
-            if (amxw)
-                amx_buf = amxw;
-            else
-                ok = 0;
-        }
+        float *T = worker_buf(&tile_buf, &tile_cap, (size_t)tile_rows * (size_t)K * sizeof(float), &ok);
+        uint8_t *pack = worker_buf(&pack_buf, &pack_cap, pack_bytes, &ok);
+        uint8_t *amxw = worker_buf(&amx_buf, &amx_cap, amx_bytes, &ok);
         if (!ok) {
 #pragma omp atomic write
             failed = 1;
