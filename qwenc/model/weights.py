@@ -48,12 +48,20 @@ class Linear:
         w = self._matrix()
         return (w.data, w.dtype, w.shape[0], out, self.bias)
 
-    def repack(self, tied: bool = False) -> bool:
+    def repack_bytes(self) -> int:
+        """Bytes repack() would allocate (0: nothing to repack)."""
+        w = self.weight
+        if self.packed is not None or not _ops.r8_of(w.dtype):
+            return 0
+        return _ops.matrix_bytes(_ops.r8_of(w.dtype), *w.shape)
+
+    def repack(self, tied: bool = False, arena=None) -> bool:
         """Add the row-interleaved copy of a block-quantized W (once); False for other types.
-        `tied`: W is also the embedding table, whose rows the lookup reads as stored."""
+        `tied`: W is also the embedding table, whose rows the lookup reads as stored. `arena`:
+        an _Arena to take the copy's memory from (else its own array)."""
         w = self.weight
         if self.packed is None and _ops.r8_of(w.dtype):
-            data, code, mapped = _repack_in_pieces(w)
+            data, code, mapped = _repack_in_pieces(w, arena)
             self.packed = Tensor(w.name, code, w.shape, data, w.source)
             if not mapped and not tied:
                 # an in-memory original (re-encoded at load): keeping both would hold the weights
@@ -122,8 +130,9 @@ class Weights:
         Linear keeps its original Tensor too (a tied head's is the embedding, whose rows the
         lookup reads). True when any matrix is block-quantized (the integer path is used)."""
         packed = False
+        arena = _Arena([lin.repack_bytes() for lin in self.linears()])
         for lin in self.linears():
-            packed |= lin.repack(tied=lin is self.head and self.lm_head is self.embed)
+            packed |= lin.repack(tied=lin is self.head and self.lm_head is self.embed, arena=arena)
         return packed
 
     def embed_lookup_only(self) -> bool:
@@ -169,14 +178,40 @@ class Weights:
 REPACK_PIECE_ROWS = 4096
 
 
-def _repack_in_pieces(w: Tensor):
-    """W's row-interleaved copy, built a piece of rows at a time into one buffer, the stored
-    pages of each piece released as soon as it is copied: (data, type code, whether W is a view
-    of a file mapping)."""
+class _Arena:
+    """One allocation that the repacked matrices of a model are carved from, in order. Large
+    arrays get transparent huge pages (numpy asks the kernel for them from 4 MB up, where the
+    kernel is set to give them on request), but matrices under 4 MB each on their own got 4 KiB
+    pages (all of the 0.5B's but the output head, the 1.5B's q, k, v and o), and decode, which
+    reads every matrix once per token, then missed the TLB at every page. From one arena, decode
+    (2 threads, a Xeon with 2 MiB of L2 a core) ran 30-35% faster on the 0.5B (int8 and int16)
+    and 4-10% on the 1.5B. The arena lives as long as any matrix carved from it (each is a view
+    of it)."""
+
+    def __init__(self, sizes):
+        """Room for arrays of the given byte sizes, each 64-byte aligned."""
+        sizes = [n for n in sizes if n]
+        total = sum(-(-n // 64) * 64 for n in sizes)
+        self.buf = np.empty(total + 4096, np.uint8) if total else None
+        self.at = -self.buf.__array_interface__["data"][0] % 4096 if total else 0
+
+    def take(self, nbytes: int) -> np.ndarray:
+        if self.buf is None or self.at + nbytes > self.buf.nbytes:
+            return np.empty(nbytes, np.uint8)
+        out = self.buf[self.at:self.at + nbytes]
+        self.at += -(-nbytes // 64) * 64
+        return out
+
+
+def _repack_in_pieces(w: Tensor, arena: _Arena = None):
+    """W's row-interleaved copy, built a piece of rows at a time into one buffer (from `arena`
+    if given), the stored pages of each piece released as soon as it is copied: (data, type
+    code, whether W is a view of a file mapping)."""
     n, k = w.shape
     code, rb = _ops.r8_of(w.dtype), row_bytes(w.dtype, k)
     flat = w.data.reshape(-1)
-    out = np.empty(_ops.matrix_bytes(code, n, k), np.uint8)
+    nbytes = _ops.matrix_bytes(code, n, k)
+    out = arena.take(nbytes) if arena is not None else np.empty(nbytes, np.uint8)
     mapped = True
     for r0 in range(0, n, REPACK_PIECE_ROWS):  # a multiple of 8: pieces fill consecutive groups
         r1 = min(n, r0 + REPACK_PIECE_ROWS)
