@@ -13,7 +13,7 @@ from .formats.generation_config import load_generation_defaults
 from .formats.resolve import resolve_model_path
 from .formats.safetensors import read_checkpoint
 from .llm import Model
-from .model import Weights, convert_tensor
+from .model import Arena, Weights, convert_tensor
 from .text.chat_template import ChatTemplate
 
 DTYPES = (None, "f32", "bf16", "q8_0")
@@ -90,7 +90,8 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096,
             raise ModelFormatError(f"{p}: the tokenizer has ids up to {tokenizer.id_count - 1}, the "
                                    f"embedding only {cfg.vocab_size} rows")
         tokenizer.chat_template = template
-    convert = (lambda t: convert_tensor(t, dtype)) if dtype else None
+    arena = Arena()  # the re-encoded matrices share huge pages (see Arena)
+    convert = (lambda t: convert_tensor(t, dtype, arena)) if dtype else None
     weights = Weights(cfg, tensors, convert)
     return Model(cfg, weights, tokenizer=tokenizer, context=context, threads=threads,
                  generation_defaults=gen, chat_template=template, source=str(p),

@@ -58,7 +58,7 @@ class Linear:
     def repack(self, tied: bool = False, arena=None) -> bool:
         """Add the row-interleaved copy of a block-quantized W (once); False for other types.
         `tied`: W is also the embedding table, whose rows the lookup reads as stored. `arena`:
-        an _Arena to take the copy's memory from (else its own array)."""
+        an Arena to take the copy's memory from (else its own array)."""
         w = self.weight
         if self.packed is None and _ops.r8_of(w.dtype):
             data, code, mapped = _repack_in_pieces(w, arena)
@@ -130,7 +130,7 @@ class Weights:
         Linear keeps its original Tensor too (a tied head's is the embedding, whose rows the
         lookup reads). True when any matrix is block-quantized (the integer path is used)."""
         packed = False
-        arena = _Arena([lin.repack_bytes() for lin in self.linears()])
+        arena = Arena(sum(-(-lin.repack_bytes() // 64) * 64 for lin in self.linears()))
         for lin in self.linears():
             packed |= lin.repack(tied=lin is self.head and self.lm_head is self.embed, arena=arena)
         return packed
@@ -178,32 +178,35 @@ class Weights:
 REPACK_PIECE_ROWS = 4096
 
 
-class _Arena:
-    """One allocation that the repacked matrices of a model are carved from, in order. Large
-    arrays get transparent huge pages (numpy asks the kernel for them from 4 MB up, where the
-    kernel is set to give them on request), but matrices under 4 MB each on their own got 4 KiB
-    pages (all of the 0.5B's but the output head, the 1.5B's q, k, v and o), and decode, which
-    reads every matrix once per token, then missed the TLB at every page. From one arena, decode
-    (2 threads, a Xeon with 2 MiB of L2 a core) ran 30-35% faster on the 0.5B (int8 and int16)
-    and 4-10% on the 1.5B. The arena lives as long as any matrix carved from it (each is a view
-    of it)."""
+class Arena:
+    """Memory that the weight matrices made at load (repacked or re-encoded) are carved from, in
+    order, in chunks of at least 64 MB. Large arrays get transparent huge pages (numpy asks the
+    kernel for them from 4 MB up, where the kernel is set to give them on request), but matrices
+    under 4 MB each on their own got 4 KiB pages (all of the 0.5B's but the output head, the
+    1.5B's q, k, v and o), and decode, which reads every matrix once per token, then missed the
+    TLB at every page. Carved from one arena, decode (2 threads, a Xeon with 2 MiB of L2 a core)
+    ran 30-35% faster on the 0.5B (int8 and int16) and 4-10% on the 1.5B. A chunk lives as long
+    as any matrix carved from it (each is a view of it); a chunk's unused tail is never
+    touched, so it takes no memory."""
 
-    def __init__(self, sizes):
-        """Room for arrays of the given byte sizes, each 64-byte aligned."""
-        sizes = [n for n in sizes if n]
-        total = sum(-(-n // 64) * 64 for n in sizes)
-        self.buf = np.empty(total + 4096, np.uint8) if total else None
-        self.at = -self.buf.__array_interface__["data"][0] % 4096 if total else 0
+    CHUNK = 64 << 20
+
+    def __init__(self, first: int = 0):
+        """`first`: the bytes the first chunk should hold at least (the total about to be taken)."""
+        self.first, self.buf, self.at = first, None, 0
 
     def take(self, nbytes: int) -> np.ndarray:
+        """nbytes of uninitialised memory, 64-byte aligned."""
         if self.buf is None or self.at + nbytes > self.buf.nbytes:
-            return np.empty(nbytes, np.uint8)
+            size = max(self.CHUNK, nbytes, self.first if self.buf is None else 0)
+            self.buf = np.empty(size + 4096, np.uint8)
+            self.at = -self.buf.__array_interface__["data"][0] % 4096
         out = self.buf[self.at:self.at + nbytes]
         self.at += -(-nbytes // 64) * 64
         return out
 
 
-def _repack_in_pieces(w: Tensor, arena: _Arena = None):
+def _repack_in_pieces(w: Tensor, arena: Arena = None):
     """W's row-interleaved copy, built a piece of rows at a time into one buffer (from `arena`
     if given), the stored pages of each piece released as soon as it is copied: (data, type
     code, whether W is a view of a file mapping)."""
@@ -252,8 +255,9 @@ def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return (rounded >> 16).astype(np.uint16)
 
 
-def convert_tensor(t: Tensor, dtype: str) -> Tensor:
-    """t re-encoded as `dtype` (a new in-memory copy), or t itself when nothing changes."""
+def convert_tensor(t: Tensor, dtype: str, arena: Arena = None) -> Tensor:
+    """t re-encoded as `dtype` (a new in-memory copy, from `arena` if given), or t itself when
+    nothing changes."""
     target = {"f32": F32, "bf16": BF16, "q8_0": Q8_0}[dtype]
     if t.dtype == target:
         return t
@@ -275,9 +279,12 @@ def convert_tensor(t: Tensor, dtype: str) -> Tensor:
             enc = np.asarray(_quant.quantize_q8_0(np.ascontiguousarray(x))).reshape(-1)
         out.append(enc)
         row_size = enc.size // x.shape[0]
-    data = np.concatenate(out) if len(out) > 1 else out[0]
-    assert data.size == row_size * rows
-    return Tensor(t.name, target, t.shape, np.ascontiguousarray(data), t.source)
+    assert sum(e.size for e in out) == row_size * rows
+    if arena is not None:
+        data = np.concatenate(out, out=arena.take(row_size * rows))
+    else:
+        data = np.ascontiguousarray(np.concatenate(out) if len(out) > 1 else out[0])
+    return Tensor(t.name, target, t.shape, data, t.source)
 
 
 def _row_slice(t: Tensor, r0: int, n: int) -> np.ndarray:
