@@ -180,25 +180,27 @@ REPACK_PIECE_ROWS = 4096
 
 class Arena:
     """Memory that the weight matrices made at load (repacked or re-encoded) are carved from, in
-    order, in chunks of at least 64 MB. Large arrays get transparent huge pages (numpy asks the
+    order, in chunks of at least `chunk` bytes (64 MB unless told). Large arrays get transparent huge pages (numpy asks the
     kernel for them from 4 MB up, where the kernel is set to give them on request), but matrices
     under 4 MB each on their own got 4 KiB pages (all of the 0.5B's but the output head, the
     1.5B's q, k, v and o), and decode, which reads every matrix once per token, then missed the
     TLB at every page. Carved from one arena, decode (2 threads, a Xeon with 2 MiB of L2 a core)
     ran 30-35% faster on the 0.5B (int8 and int16) and 4-10% on the 1.5B. A chunk lives as long
-    as any matrix carved from it (each is a view of it); a chunk's unused tail is never
-    touched, so it takes no memory."""
+    as any matrix carved from it (each is a view of it), so an original dropped after its
+    repacking is freed with the last of its chunk; a chunk's unused tail is never written, so it
+    takes no memory beyond the huge page its last matrix ends in."""
 
     CHUNK = 64 << 20
 
-    def __init__(self, first: int = 0):
-        """`first`: the bytes the first chunk should hold at least (the total about to be taken)."""
-        self.first, self.buf, self.at = first, None, 0
+    def __init__(self, first: int = 0, chunk: int = CHUNK):
+        """`first`: the bytes the first chunk should hold at least (the total about to be taken);
+        `chunk`: at least 4 MB, for the huge pages."""
+        self.first, self.chunk, self.buf, self.at = first, chunk, None, 0
 
     def take(self, nbytes: int) -> np.ndarray:
         """nbytes of uninitialised memory, 64-byte aligned."""
         if self.buf is None or self.at + nbytes > self.buf.nbytes:
-            size = max(self.CHUNK, nbytes, self.first if self.buf is None else 0)
+            size = max(self.chunk, nbytes, self.first if self.buf is None else 0)
             self.buf = np.empty(size + 4096, np.uint8)
             self.at = -self.buf.__array_interface__["data"][0] % 4096
         out = self.buf[self.at:self.at + nbytes]
