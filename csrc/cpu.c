@@ -74,18 +74,12 @@ static int best_level(void) {
     return qw_cpu_has_amx_bf16() ? 5 : qw_cpu_has_amx() ? 4 : qw_cpu_has_avx512() ? 3 : qw_cpu_has_avx2() ? 1 : 0;
 }
 
-/* The path taken unless told otherwise. On an Intel Xeon (Sapphire Rapids class) 512-bit
- * vpdpbusd did about twice the 256-bit one's byte products per second, and the pair kernels
- * prefilled 1.3-1.4x faster. Zen 4 splits a 512-bit operation in two; an earlier 512-bit design
- * was slower than the 256-bit kernels there, and the pair kernels are not measured there, so
- * other CPUs keep the 256-bit path unless asked (QWENC_SIMD=avx512w). */
-static int default_level(void) {
-    int best = best_level();
-#if QW_HAVE_X86
-    if (best >= 3 && !__builtin_cpu_is("intel")) return 2;
-#endif
-    return best;
-}
+/* The path taken unless told otherwise: the best this CPU has. The pair kernels (512-bit
+ * vpdpbusd on two act rows) pay on Zen 4 too, which runs a 512-bit operation as two 256-bit
+ * ones: there they prefilled 1.36-1.38x faster than the 256-bit kernels (1.5B and 0.5B, 512
+ * tokens, int16; 1.28x at int8) and batched decode of 16 rows 1.2-1.4x; decode (one act row)
+ * takes the 256-bit loop on both paths. */
+static int default_level(void) { return best_level(); }
 
 static int level(void) {
     if (simd_level < 0) {

@@ -18,8 +18,7 @@ def simd_path():
 
 def default_simd_path():
     """The path this CPU takes unless told otherwise (on AVX-512 CPUs: "amxbf16" on Intel's with
-    AMX-BF16, "amx" on those with AMX-INT8 alone, "avx512w" on Intel's without AMX, "avx512" on
-    others)."""
+    AMX-BF16, "amx" on those with AMX-INT8 alone, "avx512w" on the others)."""
     return SIMD_PATHS[qw_default_simd_level()]
 
 
