@@ -6,6 +6,8 @@
 #include <string.h>
 #if QW_HAVE_X86 && defined(__linux__)
 #include <sys/syscall.h>
+#endif
+#if defined(__unix__) || defined(__APPLE__)
 #include <unistd.h>
 #endif
 #ifdef _OPENMP
@@ -64,6 +66,16 @@ int qw_cpu_has_amx(void) {
 int qw_cpu_has_amx_bf16(void) {
 #if QW_HAVE_X86
     return qw_cpu_has_amx() && __builtin_cpu_supports("amx-bf16");
+#else
+    return 0;
+#endif
+}
+
+/* The L2 cache of one core in bytes as the OS reports it, or 0 where it does not say. */
+size_t qw_cpu_l2_bytes(void) {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    long b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return b > 0 ? (size_t)b : 0;
 #else
     return 0;
 #endif

@@ -38,6 +38,8 @@ int qw_cpu_has_avx512(void);
 int qw_cpu_has_amx(void);
 /* 1 when it also has AMX-BF16. */
 int qw_cpu_has_amx_bf16(void);
+/* The L2 cache of one core in bytes as the OS reports it (sysconf), or 0 where it does not say. */
+size_t qw_cpu_l2_bytes(void);
 /* 1 when this CPU supports AVX2, FMA and F16C (whatever the setting). */
 int qw_cpu_has_avx2(void);
 /* Enable (1) or disable (0) SIMD paths; returns the previous setting. */
