@@ -276,19 +276,22 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
  * 1 MiB. So an eighth of the L2 where it is under 2 MiB, as the OS reports it, else 1 MiB. */
 #define ACT_ROUND_BYTES_MAX (1024 * 1024)
 
-static size_t act_round_bytes(void) {
-    static size_t bytes; /* 0 until first asked; every thread computes the same value */
-    size_t b = __atomic_load_n(&bytes, __ATOMIC_RELAXED);
+static size_t round_bytes; /* 0: not yet chosen; every thread would choose the same */
+
+size_t qw_act_round_bytes(void) {
+    size_t b = __atomic_load_n(&round_bytes, __ATOMIC_RELAXED);
     if (b == 0) {
         size_t l2 = qw_cpu_l2_bytes();
-        b = l2 >= 64 * 1024 && l2 < 2 * ACT_ROUND_BYTES_MAX ? l2 / 8 : ACT_ROUND_BYTES_MAX;
-        __atomic_store_n(&bytes, b, __ATOMIC_RELAXED);
+        b = l2 > 0 && l2 < 2 * ACT_ROUND_BYTES_MAX ? l2 / 8 : ACT_ROUND_BYTES_MAX;
+        __atomic_store_n(&round_bytes, b, __ATOMIC_RELAXED);
     }
     return b;
 }
 
+void qw_set_act_round_bytes(size_t bytes) { __atomic_store_n(&round_bytes, bytes, __ATOMIC_RELAXED); }
+
 static int64_t act_round_rows(size_t row_bytes, int64_t M) {
-    const size_t round = act_round_bytes();
+    const size_t round = qw_act_round_bytes();
     int64_t rounds = (int64_t)(((size_t)M * row_bytes + round - 1) / round);
     int64_t per = (M + rounds - 1) / rounds;
     per = (per + QW_R8_MAX_M - 1) / QW_R8_MAX_M * QW_R8_MAX_M;
@@ -324,7 +327,7 @@ static int group_takes_bf16(const qw_product *p, int count, int64_t K, int act) 
         if (!qw_amx_kernel_bf16(base)) return 0;
         if (base != QW_Q6_K) all_q6k = 0;
     }
-    return all_q6k || (size_t)(K / 32) * QW_AMX_ACT_BLOCK_BF16 / 16 * BF16_MIN_ROUND_ROWS <= act_round_bytes();
+    return all_q6k || (size_t)(K / 32) * QW_AMX_ACT_BLOCK_BF16 / 16 * BF16_MIN_ROUND_ROWS <= qw_act_round_bytes();
 }
 
 static int run_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) {

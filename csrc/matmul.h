@@ -2,6 +2,7 @@
 #ifndef QWENC_MATMUL_H
 #define QWENC_MATMUL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Y[M,N] = X[M,K] · W[N,K]ᵀ (+ bias[N] when bias is not NULL).
@@ -45,5 +46,10 @@ typedef struct {
  * what qw_matmul computes. Returns 0 or QW_ENOMEM. */
 #define QW_GROUP_MAX 4
 int qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act);
+
+/* Bytes of act rows per round of the integer path (matmul.c), and a setting for it: 0 takes the
+ * default from the core's L2 again. For tests, which need rounds of a known size. */
+size_t qw_act_round_bytes(void);
+void qw_set_act_round_bytes(size_t bytes);
 
 #endif

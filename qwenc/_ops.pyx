@@ -43,6 +43,8 @@ cdef extern from "matmul.h":
         const float *bias
     int QW_GROUP_MAX
     int qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) nogil
+    size_t qw_act_round_bytes() nogil
+    void qw_set_act_round_bytes(size_t bytes) nogil
 
 cdef extern from "ops.h":
     void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) nogil
@@ -133,6 +135,18 @@ def set_threads(int n):
 def parallel_width():
     """Threads the kernels' parallel regions get when run from the calling thread."""
     return qw_parallel_width()
+
+
+def act_round_bytes():
+    """Bytes of act rows per round of the integer products (a long prompt's rows go through
+    every weight row one round at a time): an eighth of the core's L2 where that is under 2 MiB,
+    else 1 MiB."""
+    return qw_act_round_bytes()
+
+
+def _set_act_round_bytes(size_t n):
+    """Rounds of n bytes of act rows (0: the default again); for tests that need a known size."""
+    qw_set_act_round_bytes(n)
 
 
 def _fail_allocations(int n):

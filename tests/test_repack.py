@@ -78,14 +78,26 @@ def test_repacked_products_against_the_exact_dot(name, bits, simd):
         assert_int_dot_close(y[m], w, row_values(xq[m], K, bits), weight_mins(data, name, N, K))
 
 
+@pytest.fixture(params=[1 << 20, 64 << 10], ids=["1MiB", "64KiB"])
+def round_bytes(request):
+    """Rounds of a known size (the default follows the core's L2): 1 MiB, the largest, and
+    64 KiB, which cuts the prompt below into many rounds."""
+    prev = _ops.act_round_bytes()
+    _ops._set_act_round_bytes(request.param)
+    yield request.param
+    _ops._set_act_round_bytes(0)
+    assert _ops.act_round_bytes() == prev
+
+
 @pytest.mark.parametrize("name", BLOCK_TYPES)
 @pytest.mark.parametrize("bits", [8, 16])
-def test_long_prompts_go_through_the_act_rows_in_rounds(name, bits, simd):
-    """A prompt's act rows beyond about 1 MiB are multiplied round by round (all weight rows over
-    one round's act rows, then the next round): 420 rows of K = 2048 make two 8-bit rounds and
-    three 16-bit ones, the last shorter. Every row equals, bit for bit, that row multiplied
-    alone, on stored and repacked weights, in a group of two products sharing the act rows;
-    rows of each round against the exact dot of the reference weights."""
+def test_long_prompts_go_through_the_act_rows_in_rounds(name, bits, simd, round_bytes):
+    """A prompt's act rows beyond a round's bytes are multiplied round by round (all weight rows
+    over one round's act rows, then the next round): with 1 MiB rounds 420 rows of K = 2048 make
+    two 8-bit rounds and three 16-bit ones, the last shorter; with 64 KiB rounds, 14 of 32 rows
+    and 27 of 16 rows (the last of 4). Every row equals, bit for bit, that row multiplied alone, on stored and
+    repacked weights, in a group of two products sharing the act rows; rows of each round
+    against the exact dot of the reference weights."""
     N, K, M = 21, 2048, 420
     data = [synthetic(name, N, K, seed=s).reshape(-1) for s in (1, 2)]
     packed = [_ops.repack(d, CODE[name], N, K) for d in data]
