@@ -11,6 +11,13 @@ x act levels); the table gives its median, as a share of the best probe of the r
 median of its shares of the probe of its own round. A product at 100% of the best probe does
 nothing but its multiply-adds' instructions at their rate: what is left of the gap is the kernel's
 other work (unpacking blocks, offsets, float sums).
+
+On the 512-bit pair kernels (path avx512w) each round also times `_ops.dot_peak_mix`: the same
+instruction with the float multiplies and FMAs that the kernel spends per block and pair of act
+rows mixed in (per 16 vpdpbusd: 2 for Q4_0, Q5_0 and Q8_0, 3 for the types with a min, 4 for
+Q6_K; twice that for int8, whose blocks take 8 vpdpbusd). Where float and integer multiply-adds
+share execution ports that mix is the kernel's ceiling, and the last two columns give it (as a
+share of the plain probe) and the product's rate as a share of it.
 """
 import argparse
 import statistics
@@ -28,10 +35,18 @@ from qwenc.formats.resolve import resolve_model_path
 from qwenc.formats.tensors import DTYPE_NAMES
 
 
-def probe(rounds):
+def probe(rounds, fp=None):
     t = time.perf_counter()
-    done = _ops.dot_peak(rounds)
+    done = _ops.dot_peak(rounds) if fp is None else _ops.dot_peak_mix(rounds, fp)
     return done / (time.perf_counter() - t) / 1e9
+
+
+def float_work(dtype_name, act):
+    """512-bit float multiplies and FMAs per 16 vpdpbusd in the pair kernels (intdot_avx512.c):
+    per block and pair, one multiply of the two scales and one FMA, one more FMA for a min, and
+    Q6_K's two 16-value groups each their own; int16 spends 16 vpdpbusd per block, int8 8."""
+    per_block = 4 if dtype_name == "Q6_K" else 3 if dtype_name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else 2
+    return per_block * (1 if act == 16 else 2)
 
 
 def main():
@@ -51,12 +66,16 @@ def main():
         K, N = t.shape
         R, r8 = _ops.repack(np.ascontiguousarray(g.tensor_bytes(name)), t.dtype, N, K)
         X = np.random.default_rng(0).standard_normal((args.rows, K)).astype(np.float32)
-        mats.append((f"{name} ({DTYPE_NAMES.get(t.dtype)}, {N} x {K})", R, r8, N, K, X))
-    peaks, rates, shares = [], {}, {}
+        mats.append((f"{name} ({DTYPE_NAMES.get(t.dtype)}, {N} x {K})", R, r8, N, K, X, DTYPE_NAMES.get(t.dtype)))
+    mixed = _ops.simd_path() == "avx512w" and args.rows >= 2
+    fps = sorted({float_work(m[6], act) for m in mats for act in (16, 8)}) if mixed else []
+    peaks, rates, shares, ceilings = [], {}, {}, {}
     for _ in range(args.rounds):
         p = probe(args.probe_rounds)
         peaks.append(p)
-        for label, R, r8, N, K, X in mats:
+        for fp in fps:
+            ceilings.setdefault(fp, []).append(probe(args.probe_rounds, fp) / p)
+        for label, R, r8, N, K, X, _dt in mats:
             for act in (16, 8):
                 Y = np.empty((args.rows, N), np.float32)
                 t = time.perf_counter()
@@ -67,12 +86,20 @@ def main():
     best = max(peaks)
     print(f"path {_ops.simd_path()}, {args.threads} thread(s), {args.rows} act rows, {args.rounds} rounds; "
           f"probe median {statistics.median(peaks):.0f}, best {best:.0f} G/s")
-    print("| tensor | act | G MAC/s (median) | of the best probe | of its round's probe (median) |")
-    print("|---|---|---:|---:|---:|")
+    head = "| tensor | act | G MAC/s (median) | of the best probe | of its round's probe (median) |"
+    if mixed:
+        head += " float-work ceiling (of the probe) | of that ceiling |"
+    print(head)
+    print("|---|---|---:|---:|---:|" + ("---:|---:|" if mixed else ""))
+    kinds = {m[0]: m[6] for m in mats}
     for (label, act), v in rates.items():
         m = statistics.median(v)
-        print(f"| {label} | int{act} | {m:.0f} | {100 * m / best:.0f}% | "
-              f"{100 * statistics.median(shares[(label, act)]):.0f}% |")
+        share = statistics.median(shares[(label, act)])
+        row = f"| {label} | int{act} | {m:.0f} | {100 * m / best:.0f}% | {100 * share:.0f}% |"
+        if mixed:
+            ceiling = statistics.median(ceilings[float_work(kinds[label], act)])
+            row += f" {100 * ceiling:.0f}% | {100 * share / ceiling:.0f}% |"
+        print(row)
 
 
 if __name__ == "__main__":

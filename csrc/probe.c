@@ -72,6 +72,59 @@ peak_vnni512(int64_t rounds) {
     return sum;
 }
 
+/* The 512-bit loop with FP float multiply-adds (512-bit, on chains of their own) per 16 of its
+ * instructions: the mix of the pair kernels' inner loop, which per block and pair of act rows
+ * spends 16 vpdpbusd (int16; 8 for int8) and 2 to 4 float multiplies and FMAs (intdot_avx512.c).
+ * Where the two kinds share execution ports (AMD Zen 4: each 512-bit FMA takes a vpdpbusd's
+ * slot, measured), the integer rate this reaches is the ceiling of a kernel of that mix. */
+__attribute__((always_inline, target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) static inline uint64_t
+peak_vnni512_fp(int64_t rounds, const int FP) {
+    __m512i acc[16], u = _mm512_set1_epi8(1), s = _mm512_set1_epi8(1);
+    __m512 f[QW_PEAK_MAX_FP > 0 ? QW_PEAK_MAX_FP : 1], one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    UNROLLED for (int c = 0; c < 16; c++) {
+        acc[c] = _mm512_setzero_si512();
+        OPAQUE_V(acc[c]);
+    }
+    UNROLLED for (int c = 0; c < FP; c++) {
+        f[c] = one;
+        OPAQUE_V(f[c]);
+    }
+    for (int64_t r = 0; r < rounds; r++) {
+        OPAQUE_V(u);
+        OPAQUE_V(one);
+        UNROLLED for (int c = 0; c < 16; c++) {
+            acc[c] = _mm512_dpbusd_epi32(acc[c], u, s);
+            /* the float work spread among the integer instructions, as in a kernel */
+            if (c % (16 / (FP ? FP : 1)) == 0 && c / (16 / (FP ? FP : 1)) < FP) {
+                const int k = c / (16 / (FP ? FP : 1));
+                f[k] = _mm512_fmadd_ps(f[k], one, zero);
+            }
+        }
+    }
+    UNROLLED for (int c = 1; c < 16; c++) acc[0] = _mm512_add_epi32(acc[0], acc[c]);
+    UNROLLED for (int c = 0; c < FP; c++) OPAQUE_V(f[c]);
+    uint32_t lanes[16];
+    _mm512_storeu_si512(lanes, acc[0]);
+    uint64_t sum = 0;
+    for (int i = 0; i < 16; i++) sum += lanes[i];
+    return sum;
+}
+
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) static uint64_t
+peak_vnni512_mix(int64_t rounds, int fp) {
+    switch (fp) {
+    case 1: return peak_vnni512_fp(rounds, 1);
+    case 2: return peak_vnni512_fp(rounds, 2);
+    case 3: return peak_vnni512_fp(rounds, 3);
+    case 4: return peak_vnni512_fp(rounds, 4);
+    case 5: return peak_vnni512_fp(rounds, 5);
+    case 6: return peak_vnni512_fp(rounds, 6);
+    case 7: return peak_vnni512_fp(rounds, 7);
+    case 8: return peak_vnni512_fp(rounds, 8);
+    default: return peak_vnni512_fp(rounds, 0);
+    }
+}
+
 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) static uint64_t
 peak_vnni256(int64_t rounds) {
     __m256i acc[CHAINS], u = _mm256_set1_epi8(1), s = _mm256_set1_epi8(1);
@@ -163,5 +216,19 @@ uint64_t qw_dot_peak(int64_t rounds) {
 #pragma omp parallel num_threads(qw_get_threads()) reduction(+ : total)
     for (int64_t done = 0; done < rounds; done += SEGMENT)
         total += peak_segment(path, rounds - done < SEGMENT ? rounds - done : SEGMENT);
+    return total;
+}
+
+uint64_t qw_dot_peak_mix(int64_t rounds, int fp) {
+    if (rounds < 8) rounds = 8;
+    rounds &= ~(int64_t)7;
+    if (fp < 0 || fp > QW_PEAK_MAX_FP) return 0;
+    uint64_t total = 0;
+#if QW_HAVE_X86
+    if (qw_simd_level() < 3) return 0;
+#pragma omp parallel num_threads(qw_get_threads()) reduction(+ : total)
+    for (int64_t done = 0; done < rounds; done += SEGMENT)
+        total += peak_vnni512_mix(rounds - done < SEGMENT ? rounds - done : SEGMENT, fp);
+#endif
     return total;
 }

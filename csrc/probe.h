@@ -17,4 +17,12 @@ uint64_t qw_read_sum(const uint64_t *p, int64_t n_words);
  * times it for the peak rate a prefill's integer products could reach. */
 uint64_t qw_dot_peak(int64_t rounds);
 
+/* The 512-bit vpdpbusd probe in rounds of 16 chains (1,024 byte multiply-adds) with fp
+ * (0..QW_PEAK_MAX_FP) 512-bit float FMAs among each round's 16 instructions, as the pair kernels
+ * mix them: the integer rate it reaches is the ceiling of a kernel doing that much float work per
+ * product. Returns the byte multiply-adds done, or 0 where the path is not the 512-bit one (or fp
+ * is out of range). */
+#define QW_PEAK_MAX_FP 8
+uint64_t qw_dot_peak_mix(int64_t rounds, int fp);
+
 #endif

@@ -56,6 +56,8 @@ cdef extern from "ops.h":
 cdef extern from "probe.h":
     uint64_t qw_read_sum(const uint64_t *p, int64_t n_words) nogil
     uint64_t qw_dot_peak(int64_t rounds) nogil
+    uint64_t qw_dot_peak_mix(int64_t rounds, int fp) nogil
+    int QW_PEAK_MAX_FP
 
 cdef extern from "attention.h":
     enum:
@@ -312,6 +314,22 @@ def dot_peak(int64_t rounds):
         raise ValueError("rounds must be >= 0")
     with nogil:
         r = qw_dot_peak(rounds)
+    return int(r)
+
+
+def dot_peak_mix(int64_t rounds, int fp):
+    """Byte multiply-adds done by `rounds` rounds of 16 512-bit vpdpbusd with `fp` (0-8) 512-bit
+    float FMAs among them, on every kernel thread (probe.h): time it for the ceiling of a kernel
+    mixing that much float work into its products. The 512-bit paths only."""
+    cdef uint64_t r
+    if rounds < 0:
+        raise ValueError("rounds must be >= 0")
+    if fp < 0 or fp > QW_PEAK_MAX_FP:
+        raise ValueError(f"fp must be in 0..{QW_PEAK_MAX_FP}, got {fp}")
+    if simd_path() not in ("avx512w", "amx", "amxbf16"):
+        raise ValueError(f"the mixed probe runs on the 512-bit paths, not on {simd_path()!r}")
+    with nogil:
+        r = qw_dot_peak_mix(rounds, fp)
     return int(r)
 
 

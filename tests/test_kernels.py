@@ -427,6 +427,33 @@ def test_dot_peak_does_the_products_it_counts(rounds, threads):
         _ops.dot_peak(-1)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("fp", [0, 1, 3, 8])
+def test_dot_peak_mix_does_the_products_it_counts(fp, threads):
+    """The mixed probe (probe.h: 16 chains of 512-bit vpdpbusd with fp float FMAs among them) on
+    every path this CPU has: on a 512-bit path its count is 16 x 64 byte products per round on
+    every thread, whatever the float work (also past a segment and the summed lanes' 32-bit
+    wrap); every other path, and fp outside 0..8, is refused with a ValueError."""
+    prev_threads, prev_path = _ops.get_threads(), _ops.simd_path()
+    try:
+        _ops.set_threads(threads)
+        for path in _ops.simd_paths():
+            _ops.set_simd_path(path)
+            if path in ("avx512w", "amx", "amxbf16"):
+                assert _ops.dot_peak_mix(1001, fp) == threads * 1000 * 16 * 64, path
+                rounds = (1 << 22) + 8
+                assert _ops.dot_peak_mix(rounds, fp) == threads * rounds * 16 * 64, path
+                for bad in (-1, 9):
+                    with pytest.raises(ValueError):
+                        _ops.dot_peak_mix(8, bad)
+            else:
+                with pytest.raises(ValueError):
+                    _ops.dot_peak_mix(8, fp)
+    finally:
+        _ops.set_threads(prev_threads)
+        _ops.set_simd_path(prev_path)
+
+
 def test_dot_peak_counts_long_runs_without_wrapping():
     """A run long enough for `qwenc bench` (0.2 s: beyond 44 million rounds on an AVX-512 core) would
     wrap the probe's 32-bit lanes; it is counted in segments, so the count stays exact. Before,
