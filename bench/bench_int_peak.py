@@ -60,22 +60,24 @@ def main():
     args = ap.parse_args()
     _ops.set_threads(args.threads)
     g = GGUFFile(resolve_model_path(args.model))
-    mats = []
+    mats, kinds = [], {}  # kinds: each label's block type
     for name in args.tensors.split(","):
         t = g.tensors[name]
         K, N = t.shape
         R, r8 = _ops.repack(np.ascontiguousarray(g.tensor_bytes(name)), t.dtype, N, K)
         X = np.random.default_rng(0).standard_normal((args.rows, K)).astype(np.float32)
-        mats.append((f"{name} ({DTYPE_NAMES.get(t.dtype)}, {N} x {K})", R, r8, N, K, X, DTYPE_NAMES.get(t.dtype)))
+        label = f"{name} ({DTYPE_NAMES.get(t.dtype)}, {N} x {K})"
+        kinds[label] = DTYPE_NAMES.get(t.dtype)
+        mats.append((label, R, r8, N, K, X))
     mixed = _ops.simd_path() == "avx512w" and args.rows >= 2
-    fps = sorted({float_work(m[6], act) for m in mats for act in (16, 8)}) if mixed else []
+    fps = sorted({float_work(kind, act) for kind in kinds.values() for act in (16, 8)}) if mixed else []
     peaks, rates, shares, ceilings = [], {}, {}, {}
     for _ in range(args.rounds):
         p = probe(args.probe_rounds)
         peaks.append(p)
         for fp in fps:
             ceilings.setdefault(fp, []).append(probe(args.probe_rounds, fp) / p)
-        for label, R, r8, N, K, X, _dt in mats:
+        for label, R, r8, N, K, X in mats:
             for act in (16, 8):
                 Y = np.empty((args.rows, N), np.float32)
                 t = time.perf_counter()
@@ -91,7 +93,6 @@ def main():
         head += " float-work ceiling (of the probe) | of that ceiling |"
     print(head)
     print("|---|---|---:|---:|---:|" + ("---:|---:|" if mixed else ""))
-    kinds = {m[0]: m[6] for m in mats}
     for (label, act), v in rates.items():
         m = statistics.median(v)
         share = statistics.median(shares[(label, act)])

@@ -80,7 +80,8 @@ peak_vnni512(int64_t rounds) {
 __attribute__((always_inline, target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))) static inline uint64_t
 peak_vnni512_fp(int64_t rounds, const int FP) {
     __m512i acc[16], u = _mm512_set1_epi8(1), s = _mm512_set1_epi8(1);
-    __m512 f[QW_PEAK_MAX_FP > 0 ? QW_PEAK_MAX_FP : 1], one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    __m512 f[QW_PEAK_MAX_FP], one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    const int step = FP ? 16 / FP : 16;
     UNROLLED for (int c = 0; c < 16; c++) {
         acc[c] = _mm512_setzero_si512();
         OPAQUE_V(acc[c]);
@@ -94,11 +95,9 @@ peak_vnni512_fp(int64_t rounds, const int FP) {
         OPAQUE_V(one);
         UNROLLED for (int c = 0; c < 16; c++) {
             acc[c] = _mm512_dpbusd_epi32(acc[c], u, s);
-            /* the float work spread among the integer instructions, as in a kernel */
-            if (c % (16 / (FP ? FP : 1)) == 0 && c / (16 / (FP ? FP : 1)) < FP) {
-                const int k = c / (16 / (FP ? FP : 1));
-                f[k] = _mm512_fmadd_ps(f[k], one, zero);
-            }
+            /* the float work spread among the integer instructions, as in a kernel: FMA k after
+             * instruction k * step */
+            if (FP && c % step == 0 && c / step < FP) f[c / step] = _mm512_fmadd_ps(f[c / step], one, zero);
         }
     }
     UNROLLED for (int c = 1; c < 16; c++) acc[0] = _mm512_add_epi32(acc[0], acc[c]);
@@ -198,37 +197,35 @@ static uint64_t peak_plain(int64_t rounds) {
  * path on two threads), so a long run is counted one segment at a time. */
 #define SEGMENT ((int64_t)1 << 20)
 
-static uint64_t peak_segment(int path, int64_t rounds) {
+/* One segment of a probe: the path's own loop (mix < 0), or the 512-bit loop with mix float FMAs
+ * per 16 of its instructions. */
+static uint64_t peak_segment(int path, int mix, int64_t rounds) {
 #if QW_HAVE_X86
+    if (mix >= 0) return peak_vnni512_mix(rounds, mix);
     if (path >= 3) return peak_vnni512(rounds);
     if (path == 2) return peak_vnni256(rounds);
     if (path == 1) return peak_avx2(rounds);
 #endif
     (void)path;
+    (void)mix;
     return peak_plain(rounds);
 }
 
-uint64_t qw_dot_peak(int64_t rounds) {
+/* `rounds` (rounded down to a multiple of 8, at least 8) of a probe on every kernel thread at
+ * once, one segment at a time. */
+static uint64_t run_probe(int path, int mix, int64_t rounds) {
     if (rounds < 8) rounds = 8;
     rounds &= ~(int64_t)7;
     uint64_t total = 0;
-    const int path = qw_simd_level();
 #pragma omp parallel num_threads(qw_get_threads()) reduction(+ : total)
     for (int64_t done = 0; done < rounds; done += SEGMENT)
-        total += peak_segment(path, rounds - done < SEGMENT ? rounds - done : SEGMENT);
+        total += peak_segment(path, mix, rounds - done < SEGMENT ? rounds - done : SEGMENT);
     return total;
 }
 
+uint64_t qw_dot_peak(int64_t rounds) { return run_probe(qw_simd_level(), -1, rounds); }
+
 uint64_t qw_dot_peak_mix(int64_t rounds, int fp) {
-    if (rounds < 8) rounds = 8;
-    rounds &= ~(int64_t)7;
-    if (fp < 0 || fp > QW_PEAK_MAX_FP) return 0;
-    uint64_t total = 0;
-#if QW_HAVE_X86
-    if (qw_simd_level() < 3) return 0;
-#pragma omp parallel num_threads(qw_get_threads()) reduction(+ : total)
-    for (int64_t done = 0; done < rounds; done += SEGMENT)
-        total += peak_vnni512_mix(rounds - done < SEGMENT ? rounds - done : SEGMENT, fp);
-#endif
-    return total;
+    if (fp < 0 || fp > QW_PEAK_MAX_FP || qw_simd_level() < 3) return 0;
+    return run_probe(3, fp, rounds);
 }
