@@ -265,6 +265,17 @@ void qw_pair_act_rows(const uint8_t *a, const uint8_t *b, uint8_t *dst, int64_t 
     }
 }
 
+/* ---------------------------------------------------------------- joined rows (kernels.h) */
+
+void qw_join_act_rows(const uint8_t *x, uint8_t *dst, int64_t n) {
+    const int8_t *q1 = (const int8_t *)x, *q2 = (const int8_t *)(x + ACT_HALF(n));
+    int16_t *j = (int16_t *)dst;
+    static const int order[4] = {0, 2, 1, 3};
+    for (int64_t v = 0; v < n; v += 4)
+        for (int t = 0; t < 4; t++) j[v + t] = (int16_t)(256 * q1[v + order[t]] + q2[v + order[t]]);
+    memcpy(dst + 2 * (size_t)n, ACT_D(q2, n), 2 * sizeof(float) * (size_t)(n / QK)); /* d, then s */
+}
+
 /* ---------------------------------------------------------------- AMX blocks (kernels.h) */
 
 void qw_amx_act_rows(const uint8_t *rows, size_t stride, int64_t n, int bits, uint8_t *dst) {

@@ -423,6 +423,14 @@ qw_r8_fn qw_r8_kernel_pairs(int dtype, int bits) {
     return NULL;
 }
 
+qw_r8_fn qw_r8_kernel_joined(int dtype) {
+#if QW_HAVE_X86
+    if (qw_use_avx2() && !qw_use_avx512()) return qw_r8_kernel_joined_avx2(dtype);
+#endif
+    (void)dtype;
+    return NULL;
+}
+
 qw_amx_fn qw_amx_kernel(int dtype, int bits) {
     if (bits != 8 && bits != 16) return NULL;
 #if QW_HAVE_X86
@@ -442,10 +450,9 @@ qw_amx_fn qw_amx_kernel_bf16(int dtype) {
 
 /* ---------------------------------------------------------------- one row */
 
-float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int bits) {
-    qw_r8_fn k = qw_r8_kernel(dtype, bits);
+/* One stored row repacked into a group of its own, through kernel k. */
+static float dot_row_r8(qw_r8_fn k, int dtype, const void *row, const void *xq, int64_t n) {
     size_t gb = qw_r8_group_bytes(dtype, n);
-    if (!k || !gb) return 0.0f;
     uint8_t *g = qw_alloc(gb);
     if (!g) return NAN;
     float out[8];
@@ -453,4 +460,16 @@ float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int 
     k(g, n, xq, 0, 1, out);
     qw_free(g);
     return out[0];
+}
+
+float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int bits) {
+    qw_r8_fn k = qw_r8_kernel(dtype, bits);
+    if (!k || !qw_r8_group_bytes(dtype, n)) return 0.0f;
+    return dot_row_r8(k, dtype, row, xq, n);
+}
+
+float qw_dot_row_joined(int dtype, const void *row, const void *xj, int64_t n) {
+    qw_r8_fn k = qw_r8_kernel_joined(dtype);
+    if (!k || !qw_r8_group_bytes(dtype, n)) return NAN;
+    return dot_row_r8(k, dtype, row, xj, n);
 }

@@ -77,6 +77,17 @@ qw_amx_fn qw_amx_kernel(int dtype, int bits);
 qw_amx_fn qw_amx_kernel_bf16_x86(int dtype);
 qw_amx_fn qw_amx_kernel_bf16(int dtype);
 
+/* The joined kernels (qw_r8_kernel_joined) take the 16-bit product with each act row as one
+ * joined row: per 4 values v0..v3, the int16s j0, j2, j1, j3 (j = 256 q1 + q2, the two levels'
+ * codes joined, at most 32639 in magnitude), n of them; then level 2's d of each block (n / 32
+ * floats), then level 2's s. JOINED_BYTES(n) (qblock.h) bytes; qw_join_act_rows builds one from a
+ * 16-bit act row. The order puts each of a kernel's 16-bit code pairs (codes 4s and 4s + 2, or
+ * 4s + 1 and 4s + 3, the halves of a row's 4 bytes in a step vector) against one 4-byte load. No
+ * code sums: the kernels take the code offsets off the widened codes. */
+void qw_join_act_rows(const uint8_t *x, uint8_t *dst, int64_t n);
+/* qw_dot_row_act's product of one stored row with a joined row xj by the joined kernel of the current path (for tests): its output, or NAN when the path has none or out of memory. */
+float qw_dot_row_joined(int dtype, const void *row, const void *xj, int64_t n);
+
 /* Pair row `dst` (qw_act_bytes(QW_Q8_0, n, bits) bytes per row, so twice that) from the act
  * rows a and b of n values (act.c). */
 void qw_pair_act_rows(const uint8_t *a, const uint8_t *b, uint8_t *dst, int64_t n, int bits);
@@ -100,6 +111,8 @@ static inline void qw_prefetch_share(const uint8_t *rec, int rec_bytes, int subs
 qw_r8_fn qw_r8_kernel_avx2(int dtype, int bits);
 qw_r8_fn qw_r8_kernel_avx512(int dtype, int bits);
 qw_r8_fn qw_r8_kernel_avx512w(int dtype, int bits);
+/* intdot_avx2.c: the AVX2 16-bit products on joined rows. */
+qw_r8_fn qw_r8_kernel_joined_avx2(int dtype);
 
 /* intdot.c: the kernel for `dtype` (a stored type with an integer dot) on the current SIMD
  * setting, and the group layout's size. */
@@ -107,6 +120,10 @@ qw_r8_fn qw_r8_kernel(int dtype, int bits);
 /* The pair kernel for `dtype` on the current SIMD setting, or NULL where that has none (then
  * qw_r8_kernel's is the one). */
 qw_r8_fn qw_r8_kernel_pairs(int dtype, int bits);
+/* The 16-bit kernel for `dtype` that takes joined rows, on the current SIMD setting, or NULL where
+ * that has none (the AVX2 path has them: there the two levels' byte products cost more than the
+ * joined rows' 16-bit ones; an 8-bit row's one level costs less, so 8-bit rows stay plain). */
+qw_r8_fn qw_r8_kernel_joined(int dtype);
 /* Bytes of one repacked 8-row group of K values (`dtype` the stored type). */
 size_t qw_r8_group_bytes(int dtype, int64_t K);
 /* Repack rows [0, n) (n <= 8) of stored type `dtype` at src (row stride `stride`) into one

@@ -149,4 +149,10 @@ static inline void kquant_scale_bytes(const uint8_t *b, uint64_t *sc, uint64_t *
 #define ACT_S(xq, n) (ACT_D(xq, n) + (n) / QK)
 #define ACT_BSUMS(xq, n) ((const int16_t *)(ACT_S(xq, n) + (n) / QK))
 
+/* The pieces of a joined 16-bit act row of n values (kernels.h): n int16, then level 2's d and s
+ * per block; JOINED_BYTES is its size. */
+#define JOINED_BYTES(n) (2 * (size_t)(n) + 8 * (size_t)((n) / QK))
+#define JOINED_D(xj, n) ((const float *)((const uint8_t *)(xj) + 2 * (size_t)(n)))
+#define JOINED_S(xj, n) (JOINED_D(xj, n) + (n) / QK)
+
 #endif

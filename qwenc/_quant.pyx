@@ -29,6 +29,12 @@ cdef extern from "quant.h":
 cdef extern from "kernels.h":
     void qw_pair_act_rows(const unsigned char *a, const unsigned char *b, unsigned char *dst, int64_t n,
                           int bits) nogil
+    void qw_join_act_rows(const unsigned char *x, unsigned char *dst, int64_t n) nogil
+    float qw_dot_row_joined(int dtype, const void *row, const void *xj, int64_t n) nogil
+    void *qw_r8_kernel_joined(int dtype)
+
+cdef extern from "qblock.h":
+    size_t JOINED_BYTES(int64_t n)
 
 cdef extern from "matmul.h":
     int qw_matmul(const void *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M, float *Y,
@@ -191,6 +197,51 @@ def pair_activations(xq, Py_ssize_t cols, int bits=8):
     cdef Py_ssize_t p
     for p in range(out.shape[0]):
         qw_pair_act_rows(&src[2 * p, 0], &src[min(2 * p + 1, rows - 1), 0], &dst[p, 0], cols, bits)
+    return out
+
+
+def join_activations(xq, Py_ssize_t cols):
+    """uint8 [rows, joined bytes]: 16-bit act rows (uint8 [rows, act_bytes(Q8_0, cols, 16)], from
+    quantize_activations) as the joined rows the AVX2 16-bit kernels take (csrc/kernels.h)."""
+    ab = _act_row_bytes(Q8_0, cols, 16)
+    xa = np.ascontiguousarray(xq)
+    if xa.dtype != np.uint8 or xa.ndim != 2 or xa.shape[1] != ab:
+        raise ValueError(f"xq must be uint8 rows of {ab} bytes, got {xa.shape} {xa.dtype}")
+    out = np.empty((xa.shape[0], JOINED_BYTES(cols)), dtype=np.uint8)
+    cdef const unsigned char[:, ::1] src = xa
+    cdef unsigned char[:, ::1] dst = out
+    cdef Py_ssize_t r
+    for r in range(out.shape[0]):
+        qw_join_act_rows(&src[r, 0], &dst[r, 0], cols)
+    return out
+
+
+def has_joined_kernels():
+    """True when the current path multiplies 16-bit act rows as joined rows (AVX2)."""
+    return qw_r8_kernel_joined(Q8_0) != NULL
+
+
+def dot_rows_joined(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, xj):
+    """float32 [rows]: dot_rows_act's products for a 16-bit act row, by the current path's joined
+    kernel, taking the row as a joined row xj (uint8 [joined bytes], from join_activations)."""
+    arr, rb = _as_bytes(data, dtype, rows, cols)
+    _act_row_bytes(dtype, cols, 16)
+    if qw_r8_kernel_joined(dtype) == NULL:
+        raise ValueError(f"the {simd_path()} path has no joined kernel for type {dtype}")
+    xa = np.ascontiguousarray(xj).reshape(-1)
+    if xa.dtype != np.uint8 or xa.shape[0] != JOINED_BYTES(cols):
+        raise ValueError(f"xj must be {JOINED_BYTES(cols)} uint8 bytes, got {xa.shape[0]} {xa.dtype}")
+    out = np.empty(rows, dtype=np.float32)
+    cdef const unsigned char[::1] src = arr
+    cdef const unsigned char[::1] xv = xa
+    cdef float[::1] dst = out
+    cdef size_t row_bytes = rb
+    cdef Py_ssize_t r
+    if rows == 0:
+        return out
+    with nogil:
+        for r in range(rows):
+            dst[r] = qw_dot_row_joined(dtype, &src[r * row_bytes], &xv[0], cols)
     return out
 
 
