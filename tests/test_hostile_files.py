@@ -120,6 +120,14 @@ def test_shard_index_cannot_point_outside(model_dir, target):
     refused(model_dir, WeightFileError, "not a file name", names=index)
 
 
+def test_shard_name_the_file_system_refuses(model_dir):
+    """A shard name longer than a file name may be (ENAMETOOLONG from the stat, which pathlib's
+    is_file passes on): qwenc's own error, naming the index."""
+    index = model_dir / "model.safetensors.index.json"
+    edit_json(index, lambda d: d["weight_map"].update({next(iter(d["weight_map"])): "A" * 4000}))
+    refused(model_dir, WeightFileError, "cannot be opened", names=index)
+
+
 def test_shard_index_problems(model_dir):
     index = model_dir / "model.safetensors.index.json"
     original = index.read_text()

@@ -122,7 +122,11 @@ def read_checkpoint(model_dir) -> dict:
     tensors = {}
     for name in files:
         path = model_dir / name
-        if not path.is_file():
+        try:
+            present = path.is_file()
+        except OSError as e:  # a name the file system refuses (too long, ...): is_file lets that through
+            raise WeightFileError(f"{index}: shard {name!r}"[:300] + f" cannot be opened: {e.strerror}") from None
+        if not present:
             raise WeightFileError(f"{path}: listed in the shard index but missing")
         shard = read_safetensors(path)
         for tensor in shard:
