@@ -262,10 +262,8 @@ R8_TARGET INLINE void unpack_groups(const int T, const int BF, const uint8_t *g0
             if (!rec[h]) {
                 for (int t = 0; t < 8; t++) c[h][t] = _mm256_setzero_si256();
             } else {
-                const __m256 D = f16x8(rec[h]);
-                __m256 Dmin = _mm256_setzero_ps();
-                if (T == QW_Q4_1 || T == QW_Q5_1) M[h] = f16x8(rec[h] + 16);
-                if (T == QW_Q4_K || T == QW_Q5_K) Dmin = f16x8(rec[h] + 16);
+                __m256 Dmin;
+                const __m256 D = record_scales(T, rec[h], &M[h], &Dmin);
                 qw_prefetch_share(rec[h], rb, subs, j);
                 unpack_sub(T, rec[h], j, D, Dmin, c[h], &S[h], &Sb[h], &M[h]);
                 take_offset(T, c[h]);

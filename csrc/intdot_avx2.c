@@ -178,10 +178,8 @@ R8_TARGET INLINE void product_joined(const int T, const uint8_t *g, int64_t K, c
     for (int64_t m = 0; m < M; m++) acc[m] = macc[m] = _mm256_setzero_ps();
     for (int64_t i = 0; i < K / bs; i++) {
         const uint8_t *rec = g + (size_t)i * (size_t)rb;
-        const __m256 D = f16x8(rec);
-        __m256 Mv = _mm256_setzero_ps(), Dmin = _mm256_setzero_ps();
-        if (T == QW_Q4_1 || T == QW_Q5_1) Mv = f16x8(rec + 16);
-        if (T == QW_Q4_K || T == QW_Q5_K) Dmin = f16x8(rec + 16);
+        __m256 Mv, Dmin;
+        const __m256 D = record_scales(T, rec, &Mv, &Dmin);
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
             qw_prefetch_share(rec, rb, subs, j);
@@ -199,12 +197,7 @@ R8_TARGET INLINE void product_joined(const int T, const uint8_t *g, int64_t K, c
             if (m < M) joined_rows(T, 1, w, xq + (size_t)m * xstride, xstride, K, b, S, Sb, Mv, acc + m, macc + m);
         }
     }
-    for (int64_t m = 0; m < M; m++) {
-        __m256 r = acc[m];
-        if (T == QW_Q4_1 || T == QW_Q5_1) r = _mm256_add_ps(acc[m], macc[m]);
-        if (T == QW_Q4_K || T == QW_Q5_K) r = _mm256_sub_ps(acc[m], macc[m]);
-        _mm256_storeu_ps(out + 8 * m, r);
-    }
+    for (int64_t m = 0; m < M; m++) _mm256_storeu_ps(out + 8 * m, with_mins(T, acc[m], macc[m]));
 }
 
 #define JOINED_KERNEL(T, NAME)                                                                                  \

@@ -160,10 +160,8 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
     for (int64_t p = 0; p < P; p++) acc[p] = macc[p] = _mm512_setzero_ps();
     for (int64_t i = 0; i < K / bs; i++) {
         const uint8_t *rec = g + (size_t)i * (size_t)rb;
-        const __m256 D = f16x8(rec);
-        __m256 Mv = _mm256_setzero_ps(), Dmin = _mm256_setzero_ps();
-        if (T == QW_Q4_1 || T == QW_Q5_1) Mv = f16x8(rec + 16);
-        if (T == QW_Q4_K || T == QW_Q5_K) Dmin = f16x8(rec + 16);
+        __m256 Mv, Dmin;
+        const __m256 D = record_scales(T, rec, &Mv, &Dmin);
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
             qw_prefetch_share(rec, rb, subs, j);

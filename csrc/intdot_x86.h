@@ -144,6 +144,24 @@ R8_TARGET INLINE void unpack_sub(const int T, const uint8_t *rec, int j, __m256 
     }
 }
 
+/* Record rec's scale D of each row (the return value) and its min factors: Q4_1's and Q5_1's mins
+ * into *Mv, Q4_K's and Q5_K's Dmin into *Dmin (which unpack_sub scales per sub-block); zero where
+ * the type has none. */
+R8_TARGET INLINE __m256 record_scales(const int T, const uint8_t *rec, __m256 *Mv, __m256 *Dmin) {
+    *Mv = *Dmin = _mm256_setzero_ps();
+    if (T == QW_Q4_1 || T == QW_Q5_1) *Mv = f16x8(rec + 16);
+    if (T == QW_Q4_K || T == QW_Q5_K) *Dmin = f16x8(rec + 16);
+    return f16x8(rec);
+}
+
+/* The 8 rows' products from their float sums: the mins' sums added (Q4_1, Q5_1) or taken off
+ * (Q4_K, Q5_K). */
+R8_TARGET INLINE __m256 with_mins(const int T, __m256 acc, __m256 macc) {
+    if (T == QW_Q4_1 || T == QW_Q5_1) return _mm256_add_ps(acc, macc);
+    if (T == QW_Q4_K || T == QW_Q5_K) return _mm256_sub_ps(acc, macc);
+    return acc;
+}
+
 /* Every stored type with a kernel, as X(type, name): instantiates the kernels and their tables.
  * The rest of this file (the products over act rows and their table) is left out where a file
  * takes only the unpacking (R8_UNPACK_ONLY: intdot_amx.c). */
@@ -175,10 +193,8 @@ R8_TARGET INLINE void product(const int T, const int BITS, const uint8_t *g, int
     for (int64_t m = 0; m < M; m++) acc[m] = macc[m] = _mm256_setzero_ps();
     for (int64_t i = 0; i < K / bs; i++) {
         const uint8_t *rec = g + (size_t)i * (size_t)rb;
-        const __m256 D = f16x8(rec);
-        __m256 Mv = _mm256_setzero_ps(), Dmin = _mm256_setzero_ps();
-        if (T == QW_Q4_1 || T == QW_Q5_1) Mv = f16x8(rec + 16);
-        if (T == QW_Q4_K || T == QW_Q5_K) Dmin = f16x8(rec + 16);
+        __m256 Mv, Dmin;
+        const __m256 D = record_scales(T, rec, &Mv, &Dmin);
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
             qw_prefetch_share(rec, rb, subs, j);
@@ -197,12 +213,7 @@ R8_TARGET INLINE void product(const int T, const int BITS, const uint8_t *g, int
             }
         }
     }
-    for (int64_t m = 0; m < M; m++) {
-        __m256 r = acc[m];
-        if (T == QW_Q4_1 || T == QW_Q5_1) r = _mm256_add_ps(acc[m], macc[m]);
-        if (T == QW_Q4_K || T == QW_Q5_K) r = _mm256_sub_ps(acc[m], macc[m]);
-        _mm256_storeu_ps(out + 8 * m, r);
-    }
+    for (int64_t m = 0; m < M; m++) _mm256_storeu_ps(out + 8 * m, with_mins(T, acc[m], macc[m]));
 }
 
 /* A lone act row (decode) is passed as the constant 1, so that its accumulators live in registers

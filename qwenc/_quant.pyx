@@ -200,6 +200,23 @@ def pair_activations(xq, Py_ssize_t cols, int bits=8):
     return out
 
 
+def _int_dot_rows(arr, size_t row_bytes, int dtype, Py_ssize_t rows, Py_ssize_t cols, xa, int bits):
+    """float32 [rows]: each row of arr (row_bytes apart) dotted with the checked act row xa, by
+    qw_dot_row_act with `bits`, or (bits 0) as a joined row by qw_dot_row_joined."""
+    out = np.empty(rows, dtype=np.float32)
+    if rows == 0:
+        return out
+    cdef const unsigned char[::1] src = arr
+    cdef const unsigned char[::1] xv = xa
+    cdef float[::1] dst = out
+    cdef Py_ssize_t r
+    with nogil:
+        for r in range(rows):
+            dst[r] = (qw_dot_row_joined(dtype, &src[r * row_bytes], &xv[0], cols) if bits == 0 else
+                      qw_dot_row_act(dtype, &src[r * row_bytes], &xv[0], cols, bits))
+    return out
+
+
 def join_activations(xq, Py_ssize_t cols):
     """uint8 [rows, joined bytes]: 16-bit act rows (uint8 [rows, act_bytes(Q8_0, cols, 16)], from
     quantize_activations) as the joined rows the AVX2 16-bit kernels take (csrc/kernels.h)."""
@@ -231,18 +248,7 @@ def dot_rows_joined(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, xj):
     xa = np.ascontiguousarray(xj).reshape(-1)
     if xa.dtype != np.uint8 or xa.shape[0] != JOINED_BYTES(cols):
         raise ValueError(f"xj must be {JOINED_BYTES(cols)} uint8 bytes, got {xa.shape[0]} {xa.dtype}")
-    out = np.empty(rows, dtype=np.float32)
-    cdef const unsigned char[::1] src = arr
-    cdef const unsigned char[::1] xv = xa
-    cdef float[::1] dst = out
-    cdef size_t row_bytes = rb
-    cdef Py_ssize_t r
-    if rows == 0:
-        return out
-    with nogil:
-        for r in range(rows):
-            dst[r] = qw_dot_row_joined(dtype, &src[r * row_bytes], &xv[0], cols)
-    return out
+    return _int_dot_rows(arr, rb, dtype, rows, cols, xa, 0)
 
 
 def dot_rows_act(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, xq, int bits=8):
@@ -253,18 +259,7 @@ def dot_rows_act(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, xq, int bits
     xa = np.ascontiguousarray(xq).reshape(-1)
     if xa.dtype != np.uint8 or xa.shape[0] != ab:
         raise ValueError(f"xq must be {ab} uint8 bytes, got {xa.shape[0]} {xa.dtype}")
-    out = np.empty(rows, dtype=np.float32)
-    cdef const unsigned char[::1] src = arr
-    cdef const unsigned char[::1] xv = xa
-    cdef float[::1] dst = out
-    cdef size_t row_bytes = rb
-    cdef Py_ssize_t r
-    if rows == 0:
-        return out
-    with nogil:
-        for r in range(rows):
-            dst[r] = qw_dot_row_act(dtype, &src[r * row_bytes], &xv[0], cols, bits)
-    return out
+    return _int_dot_rows(arr, rb, dtype, rows, cols, xa, bits)
 
 
 def matvec(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, x, int bits=8, int threads=1):
