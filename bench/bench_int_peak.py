@@ -18,6 +18,12 @@ rows mixed in (per 16 vpdpbusd: 2 for Q4_0, Q5_0 and Q8_0, 3 for the types with 
 Q6_K; twice that for int8, whose blocks take 8 vpdpbusd). Where float and integer multiply-adds
 share execution ports that mix is the kernel's ceiling, and the last two columns give it (as a
 share of the plain probe) and the product's rate as a share of it.
+
+On the AVX2 path, where int16 products of 4 or more rows multiply joined rows with `vpmaddwd`,
+each round also times `_ops.dot_peak_words`: that instruction with the add that accumulates it,
+in register chains with no loads. The last column gives each int16 product's 16-bit
+multiply-adds (half its byte figure) as a share of that rate: how far the joined kernel is from
+its own instruction's ceiling (the byte probe above is the two-level kernels' instruction mix).
 """
 import argparse
 import statistics
@@ -38,6 +44,12 @@ from qwenc.formats.tensors import DTYPE_NAMES
 def probe(rounds, fp=None):
     t = time.perf_counter()
     done = _ops.dot_peak(rounds) if fp is None else _ops.dot_peak_mix(rounds, fp)
+    return done / (time.perf_counter() - t) / 1e9
+
+
+def probe_words(rounds):
+    t = time.perf_counter()
+    done = _ops.dot_peak_words(rounds)
     return done / (time.perf_counter() - t) / 1e9
 
 
@@ -71,10 +83,14 @@ def main():
         mats.append((label, R, r8, N, K, X))
     mixed = _ops.simd_path() == "avx512w" and args.rows >= 2
     fps = sorted({float_work(kind, act) for kind in kinds.values() for act in (16, 8)}) if mixed else []
-    peaks, rates, shares, ceilings = [], {}, {}, {}
+    words = _ops.simd_path() == "avx2" and args.rows >= 4
+    peaks, rates, shares, ceilings, word_peaks, word_shares = [], {}, {}, {}, [], {}
     for _ in range(args.rounds):
         p = probe(args.probe_rounds)
         peaks.append(p)
+        pw = probe_words(args.probe_rounds) if words else None
+        if words:
+            word_peaks.append(pw)
         for fp in fps:
             ceilings.setdefault(fp, []).append(probe(args.probe_rounds, fp) / p)
         for label, R, r8, N, K, X in mats:
@@ -85,14 +101,21 @@ def main():
                 r = (2 if act == 16 else 1) * args.rows * N * K / (time.perf_counter() - t) / 1e9
                 rates.setdefault((label, act), []).append(r)
                 shares.setdefault((label, act), []).append(r / p)
+                if words and act == 16:
+                    word_shares.setdefault(label, []).append(r / 2 / pw)
     best = max(peaks)
     print(f"path {_ops.simd_path()}, {args.threads} thread(s), {args.rows} act rows, {args.rounds} rounds; "
           f"probe median {statistics.median(peaks):.0f}, best {best:.0f} G/s")
+    if words:
+        print(f"16-bit probe (vpmaddwd + add, registers only): median {statistics.median(word_peaks):.0f}, "
+              f"best {max(word_peaks):.0f} G 16-bit MAC/s")
     head = "| tensor | act | G MAC/s (median) | of the best probe | of its round's probe (median) |"
     if mixed:
         head += " float-work ceiling (of the probe) | of that ceiling |"
+    if words:
+        head += " int16: of its round's 16-bit probe (median) |"
     print(head)
-    print("|---|---|---:|---:|---:|" + ("---:|---:|" if mixed else ""))
+    print("|---|---|---:|---:|---:|" + ("---:|---:|" if mixed else "") + ("---:|" if words else ""))
     for (label, act), v in rates.items():
         m = statistics.median(v)
         share = statistics.median(shares[(label, act)])
@@ -100,6 +123,8 @@ def main():
         if mixed:
             ceiling = statistics.median(ceilings[float_work(kinds[label], act)])
             row += f" {100 * ceiling:.0f}% | {100 * share / ceiling:.0f}% |"
+        if words:
+            row += f" {100 * statistics.median(word_shares[label]):.0f}% |" if act == 16 else " |"
         print(row)
 
 

@@ -25,4 +25,10 @@ uint64_t qw_dot_peak(int64_t rounds);
 #define QW_PEAK_MAX_FP 8
 uint64_t qw_dot_peak_mix(int64_t rounds, int fp);
 
+/* AVX2's vpmaddwd (with the 32-bit add that accumulates it), 24 products a round in register
+ * chains on every kernel thread, all inputs 1: the instruction of the joined 16-bit kernels
+ * (intdot_avx2.c) alone, with none of their loads. Returns the 16-bit multiply-adds done (16 a
+ * product), or 0 where the path has no AVX2. */
+uint64_t qw_dot_peak_words(int64_t rounds);
+
 #endif

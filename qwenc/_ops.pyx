@@ -57,6 +57,7 @@ cdef extern from "probe.h":
     uint64_t qw_read_sum(const uint64_t *p, int64_t n_words) nogil
     uint64_t qw_dot_peak(int64_t rounds) nogil
     uint64_t qw_dot_peak_mix(int64_t rounds, int fp) nogil
+    uint64_t qw_dot_peak_words(int64_t rounds) nogil
     int QW_PEAK_MAX_FP
 
 cdef extern from "attention.h":
@@ -314,6 +315,20 @@ def dot_peak(int64_t rounds):
         raise ValueError("rounds must be >= 0")
     with nogil:
         r = qw_dot_peak(rounds)
+    return int(r)
+
+
+def dot_peak_words(int64_t rounds):
+    """16-bit multiply-adds done by `rounds` rounds of 24 AVX2 vpmaddwd (each with the add that
+    accumulates it) in register chains on every kernel thread (probe.h): time it for the rate of
+    the joined 16-bit kernels' instruction alone. The AVX2 and wider paths only."""
+    cdef uint64_t r
+    if rounds < 0:
+        raise ValueError("rounds must be >= 0")
+    with nogil:
+        r = qw_dot_peak_words(rounds)
+    if r == 0:  # probe.h: every run does products, except where the path has no AVX2
+        raise ValueError(f"the 16-bit probe runs on AVX2 paths, not on {simd_path()!r}")
     return int(r)
 
 

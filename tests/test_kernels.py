@@ -454,6 +454,31 @@ def test_dot_peak_mix_does_the_products_it_counts(fp, threads):
         _ops.set_simd_path(prev_path)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rounds", [0, 9, 1001, (1 << 21) + 8])
+def test_dot_peak_words_does_the_products_it_counts(rounds, threads):
+    """The 16-bit probe (probe.h: 24 vpmaddwd a round, each with its add, in register chains) on
+    every path this CPU has: 24 x 16 multiply-adds a round on every thread (also past a segment),
+    so every chain's every product was done and summed; the plain path, which has no vpmaddwd,
+    is refused with a ValueError."""
+    prev_threads, prev_path = _ops.get_threads(), _ops.simd_path()
+    done = max(8, rounds) // 8 * 8
+    try:
+        _ops.set_threads(threads)
+        for path in _ops.simd_paths():
+            _ops.set_simd_path(path)
+            if path == "plain":
+                with pytest.raises(ValueError):
+                    _ops.dot_peak_words(rounds)
+            else:
+                assert _ops.dot_peak_words(rounds) == threads * done * 24 * 16, path
+    finally:
+        _ops.set_threads(prev_threads)
+        _ops.set_simd_path(prev_path)
+    with pytest.raises(ValueError):
+        _ops.dot_peak_words(-1)
+
+
 def test_dot_peak_counts_long_runs_without_wrapping():
     """A run long enough for `qwenc bench` (0.2 s: beyond 44 million rounds on an AVX-512 core) would
     wrap the probe's 32-bit lanes; it is counted in segments, so the count stays exact. Before,
