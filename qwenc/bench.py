@@ -46,17 +46,22 @@ def measure_bandwidth(mb: int = 1024, repeats: int = 5) -> float:
     return words.nbytes / min(times) / 1e9
 
 
-def measure_dot_peak(seconds: float = 0.2, repeats: int = 5) -> float:
+def measure_dot_peak(seconds: float = 0.2, repeats: int = 5, words: bool = False) -> float:
     """The integer products' peak in G byte multiply-adds per second: the best of `repeats` runs
     of the current path's multiply-add instruction (512- or 256-bit vpdpbusd, AVX2's vpmaddubsw,
     plain C) in independent chains on all the kernels' threads, each run about `seconds` long.
     No kernel can do its products faster on this path: what it spends besides them (unpacking
-    blocks, scales, float sums) is what keeps it below."""
+    blocks, scales, float sums) is what keeps it below.
+
+    With `words`, the same for AVX2's vpmaddwd with the add that accumulates it, in G 16-bit
+    multiply-adds per second: the instruction of the AVX2 int16 products of 4 or more act rows
+    (`_ops.dot_peak_words`; a ValueError on the plain path)."""
     from . import _ops
+    probe = _ops.dot_peak_words if words else _ops.dot_peak
     rounds = 1 << 12
     while True:  # grow the run until it takes a measurable time
         t = time.perf_counter()
-        _ops.dot_peak(rounds)
+        probe(rounds)
         dt = time.perf_counter() - t
         if dt >= seconds / 4 or rounds >= 1 << 40:
             break
@@ -65,7 +70,7 @@ def measure_dot_peak(seconds: float = 0.2, repeats: int = 5) -> float:
     best = 0.0
     for _ in range(repeats):
         t = time.perf_counter()
-        done = _ops.dot_peak(rounds)
+        done = probe(rounds)
         best = max(best, done / (time.perf_counter() - t) / 1e9)
     return best
 

@@ -208,6 +208,11 @@ def cmd_bench(args):
     # the integer peak measured before and after the tests, the higher kept: a shared machine's
     # other load lowers a probe, never raises it
     dot_peaks = [measure_dot_peak()] if any(m in ("int16", "int8") for m in modes) else []
+    # on AVX2, int16 products of 4 or more act rows multiply joined 16-bit rows with vpmaddwd:
+    # those tests are also set against that instruction's own peak
+    from qwenc import _ops
+    words = _ops.simd_path() == "avx2" and "int16" in modes
+    word_peaks = [measure_dot_peak(words=True)] if words else []
     for mode in modes:
         args.activations = mode
         model = _load(args)
@@ -223,7 +228,8 @@ def cmd_bench(args):
                                           and test == f"tg{args.batch_steps} x B={max(batches)}"):
                 macs = int_products_per_token(model, 1.0 / args.pp if test.startswith("pp") else 1.0)
                 if macs:
-                    compute.append((mode, test, sum(runs) / len(runs), macs))
+                    act_rows = args.pp if test.startswith("pp") else max(batches)
+                    compute.append((mode, test, sum(runs) / len(runs), macs, act_rows))
         per_token = weight_bytes_per_token(model)
         del model
     peak = peak_rss_bytes()  # before the bandwidth probe's 1 GB buffer
@@ -239,9 +245,17 @@ def cmd_bench(args):
         dot_peak = max(dot_peaks + [measure_dot_peak()])
         print(f"integer products' peak {dot_peak:.0f} G byte multiply-adds/s (probe: {dot_instruction()} "
               f"in independent chains on the same threads, before and after the tests, the higher)")
-        for mode, test, rate, macs in compute:
+        for mode, test, rate, macs, _ in compute:
             print(f"{test} ({mode}): {rate:.1f} tok/s x {macs / 1e9:.3g} G per token = "
                   f"{100 * rate * macs / 1e9 / dot_peak:.0f}% of that peak")
+        joined = [c for c in compute if c[0] == "int16" and c[4] >= 4]
+        if words and joined:
+            word_peak = max(word_peaks + [measure_dot_peak(words=True)])
+            print(f"16-bit multiply-adds' peak {word_peak:.0f} G/s (probe: AVX2 vpmaddwd with its add, the "
+                  f"instruction of int16 products of 4 or more rows, in register chains, the higher of two)")
+            for mode, test, rate, macs, _ in joined:  # one 16-bit multiply-add per weight and act row
+                print(f"{test} ({mode}): {rate:.1f} tok/s x {macs / 2e9:.3g} G 16-bit per token = "
+                      f"{100 * rate * macs / 2e9 / word_peak:.0f}% of the 16-bit peak")
     print("RSS after load " + ", ".join(f"{m} {b / 2**20:.0f} MiB" for m, b in rss.items())
           + f"; peak RSS {peak / 2**20:.0f} MiB (weight file {rows[0]['size'] / 2**20:.0f} MiB)" if rows else "")
     return 0

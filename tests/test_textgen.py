@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import qwenc
+from qwenc import _ops
 from modelgen import make_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -314,6 +315,16 @@ def test_cli_bench_reports_integer_products_against_their_peak(model_dir):
         assert found[("pp8", mode)] == pytest.approx(levels * (body + head / 8), rel=0.006)
         assert found[("tg2 x B=3", mode)] == pytest.approx(levels * (body + head), rel=0.006)
     assert len(found) == 4, r.stdout
+    # on AVX2 the int16 tests of 4 or more rows (the joined products) are also set against the
+    # 16-bit probe, one multiply-add per weight and act row: the 8-token prefill, not the batch of 3
+    words = re.findall(r"^(\S+(?: x B=\d+)?) \((int16|int8)\): [\d.]+ tok/s x ([\d.e-]+) G 16-bit per token = "
+                       r"\d+% of the 16-bit peak$", r.stdout, re.M)
+    if _ops.simd_path() == "avx2":
+        assert re.search(r"16-bit multiply-adds' peak \d+ G/s", r.stdout), r.stdout
+        assert [(t, m) for t, m, _ in words] == [("pp8", "int16")], r.stdout
+        assert float(words[0][2]) * 1e9 == pytest.approx(body + head / 8, rel=0.006)
+    else:
+        assert not words and "16-bit multiply-adds' peak" not in r.stdout, r.stdout
 
 
 def test_int_products_per_token_counts_integer_path_weights(model_dir):
