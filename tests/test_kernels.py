@@ -1,4 +1,6 @@
 """Each model kernel against a numpy reference, on every kernel path the CPU has (plain C always)."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -404,6 +406,26 @@ def test_read_sum_is_the_wrapping_word_sum(n, threads):
     assert _ops.read_sum(words) != got
 
 
+@contextlib.contextmanager
+def probe_paths(threads):
+    """With `threads` kernel threads, an iterator that sets each SIMD path this CPU has in turn
+    (the probes' tests run every path); the thread count and path are restored on leaving, also
+    when a test fails."""
+    prev_threads, prev_path = _ops.get_threads(), _ops.simd_path()
+
+    def paths():
+        for path in _ops.simd_paths():
+            _ops.set_simd_path(path)
+            yield path
+
+    try:
+        _ops.set_threads(threads)
+        yield paths()
+    finally:
+        _ops.set_threads(prev_threads)
+        _ops.set_simd_path(prev_path)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("rounds", [0, 9, 64, 1001])
 def test_dot_peak_does_the_products_it_counts(rounds, threads):
@@ -412,17 +434,11 @@ def test_dot_peak_does_the_products_it_counts(rounds, threads):
     round (24 chains of one instruction: 64 byte products for 512-bit vpdpbusd, 32 for the
     256-bit paths and plain C) on every thread only if each chain's every product was done and
     summed."""
-    prev_threads, prev_path = _ops.get_threads(), _ops.simd_path()
     done = max(8, rounds) // 8 * 8
-    try:
-        _ops.set_threads(threads)
-        for path in _ops.simd_paths():
-            _ops.set_simd_path(path)
+    with probe_paths(threads) as paths:
+        for path in paths:
             per_round = 24 * (64 if path in ("avx512w", "amx", "amxbf16") else 32)
             assert _ops.dot_peak(rounds) == threads * done * per_round, path
-    finally:
-        _ops.set_threads(prev_threads)
-        _ops.set_simd_path(prev_path)
     with pytest.raises(ValueError):
         _ops.dot_peak(-1)
 
@@ -434,11 +450,8 @@ def test_dot_peak_mix_does_the_products_it_counts(fp, threads):
     every path this CPU has: on a 512-bit path its count is 16 x 64 byte products per round on
     every thread, whatever the float work (also past a segment and the summed lanes' 32-bit
     wrap); every other path, and fp outside 0..8, is refused with a ValueError."""
-    prev_threads, prev_path = _ops.get_threads(), _ops.simd_path()
-    try:
-        _ops.set_threads(threads)
-        for path in _ops.simd_paths():
-            _ops.set_simd_path(path)
+    with probe_paths(threads) as paths:
+        for path in paths:
             if path in ("avx512w", "amx", "amxbf16"):
                 assert _ops.dot_peak_mix(1001, fp) == threads * 1000 * 16 * 64, path
                 rounds = (1 << 22) + 8
@@ -449,9 +462,6 @@ def test_dot_peak_mix_does_the_products_it_counts(fp, threads):
             else:
                 with pytest.raises(ValueError):
                     _ops.dot_peak_mix(8, fp)
-    finally:
-        _ops.set_threads(prev_threads)
-        _ops.set_simd_path(prev_path)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -461,20 +471,14 @@ def test_dot_peak_words_does_the_products_it_counts(rounds, threads):
     every path this CPU has: 24 x 16 multiply-adds a round on every thread (also past a segment),
     so every chain's every product was done and summed; the plain path, which has no vpmaddwd,
     is refused with a ValueError."""
-    prev_threads, prev_path = _ops.get_threads(), _ops.simd_path()
     done = max(8, rounds) // 8 * 8
-    try:
-        _ops.set_threads(threads)
-        for path in _ops.simd_paths():
-            _ops.set_simd_path(path)
+    with probe_paths(threads) as paths:
+        for path in paths:
             if path == "plain":
                 with pytest.raises(ValueError):
                     _ops.dot_peak_words(rounds)
             else:
                 assert _ops.dot_peak_words(rounds) == threads * done * 24 * 16, path
-    finally:
-        _ops.set_threads(prev_threads)
-        _ops.set_simd_path(prev_path)
     with pytest.raises(ValueError):
         _ops.dot_peak_words(-1)
 
