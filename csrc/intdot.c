@@ -431,6 +431,14 @@ qw_r8_fn qw_r8_kernel_joined(int dtype) {
     return NULL;
 }
 
+qw_r8_fn qw_r8_kernel_vertical(int dtype) {
+#if QW_HAVE_X86
+    if (qw_use_avx2() && !qw_use_avx512()) return qw_r8_kernel_vertical_avx2(dtype);
+#endif
+    (void)dtype;
+    return NULL;
+}
+
 qw_amx_fn qw_amx_kernel(int dtype, int bits) {
     if (bits != 8 && bits != 16) return NULL;
 #if QW_HAVE_X86

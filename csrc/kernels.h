@@ -85,6 +85,13 @@ qw_amx_fn qw_amx_kernel_bf16(int dtype);
  * 4s + 1 and 4s + 3, the halves of a row's 4 bytes in a step vector) against one 4-byte load. No
  * code sums: the kernels take the code offsets off the widened codes. */
 void qw_join_act_rows(const uint8_t *x, uint8_t *dst, int64_t n);
+/* The vertical kernels (qw_r8_kernel_vertical) take the same 16-bit product with act rows 8 at a
+ * time transposed (qblock.h's VERT_*; qw_vertical_act_rows builds a block from `rows` <= 8 joined
+ * rows `stride` bytes apart): a vector holds one weight row's sums with 8 act rows, each widened
+ * weight pair broadcast. They take xstride as the bytes of one 8-row block and give the joined
+ * kernels' bits. */
+void qw_vertical_act_rows(const uint8_t *joined, size_t stride, int rows, uint8_t *dst, int64_t n);
+
 /* qw_dot_row_act's product of one stored row with a joined row xj by the joined kernel of the current path (for tests): its output, or NAN when the path has none or out of memory. */
 float qw_dot_row_joined(int dtype, const void *row, const void *xj, int64_t n);
 
@@ -111,8 +118,9 @@ static inline void qw_prefetch_share(const uint8_t *rec, int rec_bytes, int subs
 qw_r8_fn qw_r8_kernel_avx2(int dtype, int bits);
 qw_r8_fn qw_r8_kernel_avx512(int dtype, int bits);
 qw_r8_fn qw_r8_kernel_avx512w(int dtype, int bits);
-/* intdot_avx2.c: the AVX2 16-bit products on joined rows. */
+/* intdot_avx2.c: the AVX2 16-bit products on joined rows, and on vertical blocks of them. */
 qw_r8_fn qw_r8_kernel_joined_avx2(int dtype);
+qw_r8_fn qw_r8_kernel_vertical_avx2(int dtype);
 
 /* intdot.c: the kernel for `dtype` (a stored type with an integer dot) on the current SIMD
  * setting, and the group layout's size. */
@@ -124,6 +132,8 @@ qw_r8_fn qw_r8_kernel_pairs(int dtype, int bits);
  * that has none (the AVX2 path has them: there the two levels' byte products cost more than the
  * joined rows' 16-bit ones; an 8-bit row's one level costs less, so 8-bit rows stay plain). */
 qw_r8_fn qw_r8_kernel_joined(int dtype);
+/* The same on vertical blocks (where the path has joined kernels), or NULL. */
+qw_r8_fn qw_r8_kernel_vertical(int dtype);
 /* Bytes of one repacked 8-row group of K values (`dtype` the stored type). */
 size_t qw_r8_group_bytes(int dtype, int64_t K);
 /* Repack rows [0, n) (n <= 8) of stored type `dtype` at src (row stride `stride`) into one

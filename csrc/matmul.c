@@ -94,28 +94,34 @@ static const uint8_t *quantize_rows(int bits, const float *X, int64_t M, int64_t
     return failed ? NULL : out;
 }
 
-/* X's M rows as joined 16-bit rows (kernels.h), each on its own cache lines, *stride bytes apart:
- * each row is quantized into the thread's own buffer and joined from there. NULL when out of
- * memory. */
-static const uint8_t *quantize_joined(const float *X, int64_t M, int64_t K, size_t *stride) {
+/* X's M rows as vertical blocks of 8 (qblock.h's VERT_*), *stride bytes per block: each block's
+ * rows are quantized and joined into the thread's own buffer and transposed from there. NULL
+ * when out of memory. */
+static const uint8_t *quantize_vertical(const float *X, int64_t M, int64_t K, size_t *stride) {
     const size_t act = (qw_act_bytes(QW_Q8_0, K, 16) + 63) & ~(size_t)63, row = (JOINED_BYTES(K) + 63) & ~(size_t)63;
-    uint8_t *out = grow(pair_buf, &pair_cap, row * (size_t)M);
+    const size_t blk = (VERT_BYTES(K) + 63) & ~(size_t)63;
+    const int64_t nblk = (M + 7) / 8;
+    uint8_t *out = grow(pair_buf, &pair_cap, blk * (size_t)nblk);
     if (!out) return NULL;
     pair_buf = out;
     int failed = 0;
 #pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (M >= 16)
-    for (int64_t m = 0; m < M; m++) {
-        uint8_t *one = grow(act_buf, &act_cap, act);
-        if (!one) {
+    for (int64_t v = 0; v < nblk; v++) {
+        uint8_t *work = grow(act_buf, &act_cap, act + 8 * row);
+        if (!work) {
 #pragma omp atomic write
             failed = 1;
             continue;
         }
-        act_buf = one;
-        qw_quantize_act(QW_Q8_0, X + m * K, one, K, 16);
-        qw_join_act_rows(one, out + (size_t)m * row, K);
+        act_buf = work;
+        const int rows = M - 8 * v < 8 ? (int)(M - 8 * v) : 8;
+        for (int r = 0; r < rows; r++) {
+            qw_quantize_act(QW_Q8_0, X + (8 * v + r) * K, work, K, 16);
+            qw_join_act_rows(work, work + act + (size_t)r * row, K);
+        }
+        qw_vertical_act_rows(work + act, row, rows, out + (size_t)v * blk, K);
     }
-    *stride = row;
+    *stride = blk;
     return failed ? NULL : out;
 }
 
@@ -173,6 +179,7 @@ typedef struct {
     int base;             /* the stored type (W's type, or the one it was repacked from) */
     int repacked;         /* W is in the R8 layout */
     int pairs;            /* idot is a pair kernel: the act rows are pair rows */
+    int vertical;         /* idot is a vertical kernel: the act rows are in blocks of 8 */
     qw_amx_fn amx;        /* the AMX product for whole blocks of 16 act rows, or NULL */
     size_t amx_block;     /* with amx: bytes per AMX block; the act rows past the blocks are plain */
     size_t stride;        /* bytes per stored row; per 8-row group when repacked */
@@ -273,7 +280,7 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
     }
     for (int64_t m = m0; m < m1; m += QW_R8_MAX_M) {
         int64_t mb = m1 - m < QW_R8_MAX_M ? m1 - m : QW_R8_MAX_M;
-        const uint8_t *x = xq + (size_t)(pl->pairs ? m / 2 : m) * xstride;
+        const uint8_t *x = xq + (size_t)(pl->pairs ? m / 2 : pl->vertical ? m / 8 : m) * xstride;
         /* a short last block after AMX blocks: plain rows (same bits) */
         if (pl->amx) x = xq + (size_t)(m / 16) * pl->amx_block;
         for (int64_t g0 = n0; g0 < n0 + nb; g0 += 8) {
@@ -370,14 +377,15 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     /* or as joined rows, where the path has kernels for them and enough rows share each widened
      * block (same bits either way): on a Zen 3 the joined Q4_K product ran 5-10% slower than the
      * two levels' at 1 and 2 rows, even at 4, 11% faster at 8 (Q5_0, Q6_K and Q8_0 faster from 2) */
-    int joined = !amx && !pairs && act == 16 && M >= 4 && qw_r8_kernel_joined(QW_Q8_0) != NULL;
+    int joined = !amx && !pairs && act == 16 && M >= 4 && qw_r8_kernel_vertical(QW_Q8_0) != NULL;
     for (int i = 0; i < count; i++) {
         pl[i].p = &p[i];
         pl[i].repacked = p[i].dtype >= QW_R8;
         pl[i].base = stored_type(p[i].dtype);
         pl[i].pairs = pairs;
+        pl[i].vertical = joined;
         pl[i].idot = !act ? NULL : pairs ? qw_r8_kernel_pairs(pl[i].base, act)
-                   : joined ? qw_r8_kernel_joined(pl[i].base) : qw_r8_kernel(pl[i].base, act);
+                   : joined ? qw_r8_kernel_vertical(pl[i].base) : qw_r8_kernel(pl[i].base, act);
         pl[i].amx = !amx || !pl[i].idot ? NULL : bf16 ? qw_amx_kernel_bf16(pl[i].base) : qw_amx_kernel(pl[i].base, act);
         pl[i].stride = qw_row_bytes(p[i].dtype, K);
         if (pl[i].idot) {
@@ -385,7 +393,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
             size_t item_bytes = qw_r8_group_bytes(pl[i].base, K) * (ROW_CHUNK / 8);
             if (!pl[i].repacked && item_bytes > pack_bytes) pack_bytes = item_bytes;
             if (!xq && amx && !(xq = quantize_amx(act, bf16, X, M, K, &amx_block, &xstride))) return QW_ENOMEM;
-            if (!xq && joined && !(xq = quantize_joined(X, M, K, &xstride))) return QW_ENOMEM;
+            if (!xq && joined && !(xq = quantize_vertical(X, M, K, &xstride))) return QW_ENOMEM;
             if (!xq && !(xq = quantize_rows(act, X, M, K, pairs, &xstride))) return QW_ENOMEM;
             pl[i].first = round_items;
             round_items += (p[i].N + pl[i].rows - 1) / pl[i].rows;
@@ -402,7 +410,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     /* items: the float products' tiles (each over all M rows), then the integer products'
      * chunks round by round */
     for (int i = 0; i < count; i++) pl[i].amx_block = amx_block;
-    int64_t round_rows = xq ? act_round_rows(amx ? amx_block / 16 : pairs ? xstride / 2 : xstride, M) : M;
+    int64_t round_rows = xq ? act_round_rows(amx ? amx_block / 16 : pairs ? xstride / 2 : joined ? xstride / 8 : xstride, M) : M;
     int64_t rounds = round_items ? (M + round_rows - 1) / round_rows : 0;
     /* each thread's AMX work area: two groups unpacked, then a round's outputs for them */
     size_t amx_bytes = amx ? QW_AMX_WORK(round_rows / 16) + (size_t)round_rows * 16 * sizeof(float) : 0;

@@ -155,4 +155,12 @@ static inline void kquant_scale_bytes(const uint8_t *b, uint64_t *sc, uint64_t *
 #define JOINED_D(xj, n) ((const float *)((const uint8_t *)(xj) + 2 * (size_t)(n)))
 #define JOINED_S(xj, n) (JOINED_D(xj, n) + (n) / QK)
 
+/* 8 joined rows of n values transposed (kernels.h): per block, its 16 int32 pairs of codes as 16
+ * vectors of the 8 rows' pair; then each block's 8 rows' d, then their s. VERT_BYTES is its size;
+ * rows past the last one are zeros. */
+#define VERT_BYTES(n) (16 * (size_t)(n) + 64 * (size_t)((n) / QK))
+#define VERT_PAIRS(xv, b) ((const int32_t *)(xv) + 128 * (size_t)(b))
+#define VERT_D(xv, n) ((const float *)((const uint8_t *)(xv) + 16 * (size_t)(n)))
+#define VERT_S(xv, n) (VERT_D(xv, n) + 8 * (size_t)((n) / QK))
+
 #endif
