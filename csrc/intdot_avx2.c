@@ -123,6 +123,16 @@ R8_TARGET INLINE void widen(const int T, const __m256i c[8], __m256i w[16]) {
 }
 
 
+/* Sub-block j of record rec (the next one's share asked for) unpacked and widened: its 16 pair
+ * vectors w and its scales, as unpack_sub gives them. */
+R8_TARGET INLINE void widened_sub(const int T, const uint8_t *rec, int rb, int subs, int j, __m256 D, __m256 Dmin,
+                                  __m256i w[16], __m256 *S, __m256 *Sb, __m256 *Mv) {
+    qw_prefetch_share(rec, rb, subs, j);
+    __m256i c[8];
+    unpack_sub(T, rec, j, D, Dmin, c, S, Sb, Mv);
+    widen(T, c, w);
+}
+
 /* 2 codes of the 8 rows times the act pair at x (one 4-byte broadcast). */
 R8_TARGET INLINE __m256i madd_pair(__m256i w, const int16_t *x) {
     int32_t v;
@@ -182,11 +192,9 @@ R8_TARGET INLINE void product_joined(const int T, const uint8_t *g, int64_t K, c
         const __m256 D = record_scales(T, rec, &Mv, &Dmin);
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
-            qw_prefetch_share(rec, rb, subs, j);
-            __m256i c[8], w[16];
+            __m256i w[16];
             __m256 S, Sb;
-            unpack_sub(T, rec, j, D, Dmin, c, &S, &Sb, &Mv);
-            widen(T, c, w);
+            widened_sub(T, rec, rb, subs, j, D, Dmin, w, &S, &Sb, &Mv);
             int64_t m = 0;
             for (; m + JOINED_R <= M; m += JOINED_R)
                 joined_rows(T, JOINED_R, w, xq + (size_t)m * xstride, xstride, K, b, S, Sb, Mv, acc + m, macc + m);
@@ -266,11 +274,9 @@ R8_TARGET INLINE void product_vertical(const int T, const int G, const uint8_t *
         const __m256 D = record_scales(T, rec, &Mv, &Dmin);
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
-            qw_prefetch_share(rec, rb, subs, j);
-            __m256i c[8], w[16];
+            __m256i w[16];
             __m256 S, Sb;
-            unpack_sub(T, rec, j, D, Dmin, c, &S, &Sb, &Mv);
-            widen(T, c, w);
+            widened_sub(T, rec, rb, subs, j, D, Dmin, w, &S, &Sb, &Mv);
             int32_t wb[16 * 8] __attribute__((aligned(32)));
             float Sa[8], Sba[8], Ma[8];
             for (int k = 0; k < 16; k++) _mm256_store_si256((__m256i *)(wb + 8 * k), w[k]);
