@@ -279,16 +279,13 @@ void qw_join_act_rows(const uint8_t *x, uint8_t *dst, int64_t n) {
 void qw_vertical_act_rows(const uint8_t *joined, size_t stride, int rows, uint8_t *dst, int64_t n) {
     int32_t *p = (int32_t *)dst;
     float *d = (float *)(dst + 16 * (size_t)n), *s = d + 8 * (size_t)(n / QK);
-    for (int r = 0; r < 8; r++) {
+    if (rows < 8) memset(dst, 0, VERT_BYTES(n)); /* the missing rows: zero codes, scales and sums */
+    for (int r = 0; r < rows; r++) {
         const uint8_t *row = joined + (size_t)r * stride;
-        for (int64_t k = 0; k < n / 2; k++) { /* pair k of the row: the int32 at 4k */
-            int32_t v = 0;
-            if (r < rows) memcpy(&v, row + 4 * (size_t)k, 4);
-            p[8 * k + r] = v;
-        }
+        for (int64_t k = 0; k < n / 2; k++) memcpy(&p[8 * k + r], row + 4 * (size_t)k, 4); /* pair k */
         for (int64_t b = 0; b < n / QK; b++) {
-            d[8 * b + r] = r < rows ? JOINED_D(row, n)[b] : 0.0f;
-            s[8 * b + r] = r < rows ? JOINED_S(row, n)[b] : 0.0f;
+            d[8 * b + r] = JOINED_D(row, n)[b];
+            s[8 * b + r] = JOINED_S(row, n)[b];
         }
     }
 }

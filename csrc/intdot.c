@@ -423,14 +423,6 @@ qw_r8_fn qw_r8_kernel_pairs(int dtype, int bits) {
     return NULL;
 }
 
-qw_r8_fn qw_r8_kernel_joined(int dtype) {
-#if QW_HAVE_X86
-    if (qw_use_avx2() && !qw_use_avx512()) return qw_r8_kernel_joined_avx2(dtype);
-#endif
-    (void)dtype;
-    return NULL;
-}
-
 qw_r8_fn qw_r8_kernel_vertical(int dtype) {
 #if QW_HAVE_X86
     if (qw_use_avx2() && !qw_use_avx512()) return qw_r8_kernel_vertical_avx2(dtype);
@@ -477,7 +469,12 @@ float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int 
 }
 
 float qw_dot_row_joined(int dtype, const void *row, const void *xj, int64_t n) {
-    qw_r8_fn k = qw_r8_kernel_joined(dtype);
+    qw_r8_fn k = qw_r8_kernel_vertical(dtype);
     if (!k || !qw_r8_group_bytes(dtype, n)) return NAN;
-    return dot_row_r8(k, dtype, row, xj, n);
+    uint8_t *v = qw_alloc(VERT_BYTES(n));
+    if (!v) return NAN;
+    qw_vertical_act_rows(xj, 0, 1, v, n);
+    float r = dot_row_r8(k, dtype, row, v, n);
+    qw_free(v);
+    return r;
 }

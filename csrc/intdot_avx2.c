@@ -23,7 +23,7 @@
 
 /* Ends the compiler's freedom to reassociate a chain of integer adds here: it otherwise turns
  * the chains into trees, every product live at once, and spills most of them to the stack (the
- * joined kernels ran 25-30% slower without it; the byte-product chains below gained 7-8% with it
+ * first joined kernels ran 25-30% slower without it; the byte-product chains below gained 7-8% with it
  * in 8-bit products of 512 rows on a Zen 3). Integer adds: the same sums in any order. */
 #define CHAIN(v) __asm__("" : "+x"(v))
 
@@ -97,9 +97,9 @@ R8_TARGET INLINE __m256i block_sum(int T, const __m256i c[8], const int8_t *x, c
  *
  * A 16-bit act row's two levels cost two vpmaddubsw per code pair of a row, and their joining,
  * offsets and (Q6_K) two-step folds as much again. On joined rows (kernels.h: each value's
- * 256 q1 + q2 as one int16) one vpmaddwd takes two codes of all 8 rows: the block's 8 step
+ * 256 q1 + q2 as one int16) one vpmaddwd takes two codes against two values: the block's 8 step
  * vectors are widened once to 16 vectors of 16-bit code pairs, offsets taken off there (and
- * Q8_0's signs kept), and every act row of the product runs its 16 vpmaddwd on them. A pair's
+ * Q8_0's signs kept), for all the product's act rows (the vertical kernels below). A pair's
  * products stay far inside int32: |c| <= 128, |256 q1 + q2| <= 32639, 32 of them per block. The
  * sums are the same integers as the two levels' (256 I1 + I2), the float work after them the
  * same, so the bits are too. An 8-bit row joined the same way (j = q) ran at two thirds of the
@@ -123,111 +123,17 @@ R8_TARGET INLINE void widen(const int T, const __m256i c[8], __m256i w[16]) {
 }
 
 
-/* Sub-block j of record rec (the next one's share asked for) unpacked and widened: its 16 pair
- * vectors w and its scales, as unpack_sub gives them. */
-R8_TARGET INLINE void widened_sub(const int T, const uint8_t *rec, int rb, int subs, int j, __m256 D, __m256 Dmin,
-                                  __m256i w[16], __m256 *S, __m256 *Sb, __m256 *Mv) {
-    qw_prefetch_share(rec, rb, subs, j);
-    __m256i c[8];
-    unpack_sub(T, rec, j, D, Dmin, c, S, Sb, Mv);
-    widen(T, c, w);
-}
-
-/* 2 codes of the 8 rows times the act pair at x (one 4-byte broadcast). */
-R8_TARGET INLINE __m256i madd_pair(__m256i w, const int16_t *x) {
-    int32_t v;
-    memcpy(&v, x, 4);
-    return _mm256_madd_epi16(w, _mm256_set1_epi32(v));
-}
-
-/* Act rows m .. m + R - 1 (R a constant, at most 4) through sub-block b: each row's exact sums
- * over the widened codes w in two chains (per 16-value group for Q6_K), each widened pair
- * loaded once for all R rows; then the float work, in the order of the two-level kernels. */
-R8_TARGET INLINE void joined_rows(const int T, const int R, const __m256i w[16], const uint8_t *xq, size_t xstride,
-                                  int64_t K, int64_t b, __m256 S, __m256 Sb, __m256 Mv, __m256 *acc, __m256 *macc) {
-    const int16_t *x[4];
-    __m256 dx[4];
-    for (int r = 0; r < R; r++) {
-        const uint8_t *row = xq + (size_t)r * xstride;
-        x[r] = (const int16_t *)row + 32 * b;
-        dx[r] = _mm256_broadcast_ss(JOINED_D(row, K) + b);
-    }
-    const int groups = T == QW_Q6_K ? 2 : 1, n = 8 / groups;
-    for (int gr = 0; gr < groups; gr++) {
-        const int s0 = gr * n;
-        __m256i a[4], e[4];
-        for (int r = 0; r < R; r++) {
-            a[r] = madd_pair(w[2 * s0], x[r] + 4 * s0);
-            e[r] = madd_pair(w[2 * s0 + 1], x[r] + 4 * s0 + 2);
-        }
-        for (int s = s0 + 1; s < s0 + n; s++)
-            for (int r = 0; r < R; r++) {
-                a[r] = _mm256_add_epi32(a[r], madd_pair(w[2 * s], x[r] + 4 * s));
-                e[r] = _mm256_add_epi32(e[r], madd_pair(w[2 * s + 1], x[r] + 4 * s + 2));
-                CHAIN(a[r]);
-                CHAIN(e[r]);
-            }
-        const __m256 scale = gr ? Sb : S;
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a[r], e[r])), _mm256_mul_ps(scale, dx[r]), acc[r]);
-    }
-    if (HAS_MIN(T))
-        for (int r = 0; r < R; r++)
-            macc[r] = _mm256_fmadd_ps(Mv, _mm256_broadcast_ss(JOINED_S(xq + (size_t)r * xstride, K) + b), macc[r]);
-}
-
-/* Act rows per joined_rows call: 2 ran the 1.5B's Q4_K and Q6_K products 7-9% faster than 4
- * and 3 (each widened pair is one more load per call; with more rows, the chains' registers run
- * out first). */
-#define JOINED_R 2
-R8_TARGET INLINE void product_joined(const int T, const uint8_t *g, int64_t K, const uint8_t *xq, size_t xstride,
-                                     int64_t M, float *out) {
-    const int bs = IS_K(T) ? 256 : 32, subs = bs / 32;
-    const int rb = record_bytes(T);
-    __m256 acc[QW_R8_MAX_M], macc[QW_R8_MAX_M];
-    for (int64_t m = 0; m < M; m++) acc[m] = macc[m] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < K / bs; i++) {
-        const uint8_t *rec = g + (size_t)i * (size_t)rb;
-        __m256 Mv, Dmin;
-        const __m256 D = record_scales(T, rec, &Mv, &Dmin);
-        for (int j = 0; j < subs; j++) {
-            const int64_t b = i * subs + j;
-            __m256i w[16];
-            __m256 S, Sb;
-            widened_sub(T, rec, rb, subs, j, D, Dmin, w, &S, &Sb, &Mv);
-            int64_t m = 0;
-            for (; m + JOINED_R <= M; m += JOINED_R)
-                joined_rows(T, JOINED_R, w, xq + (size_t)m * xstride, xstride, K, b, S, Sb, Mv, acc + m, macc + m);
-            if (m + 2 <= M) {
-                joined_rows(T, 2, w, xq + (size_t)m * xstride, xstride, K, b, S, Sb, Mv, acc + m, macc + m);
-                m += 2;
-            }
-            if (m < M) joined_rows(T, 1, w, xq + (size_t)m * xstride, xstride, K, b, S, Sb, Mv, acc + m, macc + m);
-        }
-    }
-    for (int64_t m = 0; m < M; m++) _mm256_storeu_ps(out + 8 * m, with_mins(T, acc[m], macc[m]));
-}
-
-#define JOINED_KERNEL(T, NAME)                                                                                  \
-    R8_TARGET static void r8_##NAME##_joined(const uint8_t *g, int64_t K, const uint8_t *xq, size_t xs,          \
-                                             int64_t M, float *out) {                                           \
-        if (M == 1)                                                                                             \
-            product_joined(T, g, K, xq, xs, 1, out);                                                            \
-        else                                                                                                    \
-            product_joined(T, g, K, xq, xs, M, out);                                                            \
-    }
-R8_TYPES(JOINED_KERNEL)
-
 /* ---------------------------------------------------------------- vertical blocks
  *
  * The same products with the roles of the vector lanes turned: a vector holds one weight row's
  * sums with 8 act rows (a vertical block, qblock.h), each widened weight pair broadcast from the
  * block's widened codes in memory. Per pair of codes a tile of 4 weight rows and 2 blocks loads 2
- * act vectors and broadcasts 4 weight pairs for 8 vpmaddwd, where the joined kernels broadcast an
+ * act vectors and broadcasts 4 weight pairs for 8 vpmaddwd, where kernels with 8 weight rows to a vector broadcast an
  * act pair for each: in a timing of the two loops alone (L1, one thread, same float work) 3.9-4.4
- * against 2.7-2.9 G vpmaddwd a second on a Zen 3. Each lane's integer sums are the joined kernels'
- * and its float work the same operations on the same values (the scales' product S_r dx_m, the
- * FMA into its sum, the mins' S_m Mv_r), so the bits are the same. */
+ * against 2.7-2.9 G vpmaddwd a second on a Zen 3, and the earlier kernels of the first kind are
+ * gone. Each lane's integer sums are the two-level kernels' (256 I1 + I2) and its float work
+ * the same operations on the same values (the scales' product S_r dx_m, the FMA into its sum,
+ * the mins' Mv_r s_m), so the bits are the same. */
 
 /* Weight rows r0 .. r0 + 3 of sub-block b (widened pairs wb: [16 pairs][8 rows]) against the G
  * blocks x: each lane's exact sums per group of pairs (Q6_K: two of 8), then its float work. */
@@ -274,9 +180,11 @@ R8_TARGET INLINE void product_vertical(const int T, const int G, const uint8_t *
         const __m256 D = record_scales(T, rec, &Mv, &Dmin);
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
-            __m256i w[16];
+            qw_prefetch_share(rec, rb, subs, j);
+            __m256i c[8], w[16];
             __m256 S, Sb;
-            widened_sub(T, rec, rb, subs, j, D, Dmin, w, &S, &Sb, &Mv);
+            unpack_sub(T, rec, j, D, Dmin, c, &S, &Sb, &Mv);
+            widen(T, c, w);
             int32_t wb[16 * 8] __attribute__((aligned(32)));
             float Sa[8], Sba[8], Ma[8];
             for (int k = 0; k < 16; k++) _mm256_store_si256((__m256i *)(wb + 8 * k), w[k]);
@@ -327,23 +235,10 @@ qw_r8_fn qw_r8_kernel_vertical_avx2(int dtype) {
 #undef CASE
 }
 
-qw_r8_fn qw_r8_kernel_joined_avx2(int dtype) {
-#define CASE(T, NAME) case T: return r8_##NAME##_joined;
-    switch (dtype) {
-    R8_TYPES(CASE)
-    default: return NULL;
-    }
-#undef CASE
-}
-
 #else
 qw_r8_fn qw_r8_kernel_avx2(int dtype, int bits) {
     (void)dtype;
     (void)bits;
-    return NULL;
-}
-qw_r8_fn qw_r8_kernel_joined_avx2(int dtype) {
-    (void)dtype;
     return NULL;
 }
 qw_r8_fn qw_r8_kernel_vertical_avx2(int dtype) {

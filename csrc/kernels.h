@@ -77,22 +77,21 @@ qw_amx_fn qw_amx_kernel(int dtype, int bits);
 qw_amx_fn qw_amx_kernel_bf16_x86(int dtype);
 qw_amx_fn qw_amx_kernel_bf16(int dtype);
 
-/* The joined kernels (qw_r8_kernel_joined) take the 16-bit product with each act row as one
- * joined row: per 4 values v0..v3, the int16s j0, j2, j1, j3 (j = 256 q1 + q2, the two levels'
+/* A joined row: a 16-bit act row as the vertical kernels (qw_r8_kernel_vertical) read it, per 4 values v0..v3, the int16s j0, j2, j1, j3 (j = 256 q1 + q2, the two levels'
  * codes joined, at most 32639 in magnitude), n of them; then level 2's d of each block (n / 32
  * floats), then level 2's s. JOINED_BYTES(n) (qblock.h) bytes; qw_join_act_rows builds one from a
  * 16-bit act row. The order puts each of a kernel's 16-bit code pairs (codes 4s and 4s + 2, or
- * 4s + 1 and 4s + 3, the halves of a row's 4 bytes in a step vector) against one 4-byte load. No
- * code sums: the kernels take the code offsets off the widened codes. */
+ * 4s + 1 and 4s + 3, the halves of a row's 4 bytes in a step vector) against one int32 of the
+ * row. No code sums: the kernels take the code offsets off the widened codes. */
 void qw_join_act_rows(const uint8_t *x, uint8_t *dst, int64_t n);
-/* The vertical kernels (qw_r8_kernel_vertical) take the same 16-bit product with act rows 8 at a
- * time transposed (qblock.h's VERT_*; qw_vertical_act_rows builds a block from `rows` <= 8 joined
- * rows `stride` bytes apart): a vector holds one weight row's sums with 8 act rows, each widened
- * weight pair broadcast. They take xstride as the bytes of one 8-row block and give the joined
- * kernels' bits. */
+/* The vertical kernels take joined rows 8 at a time transposed (qblock.h's VERT_*;
+ * qw_vertical_act_rows builds a block from `rows` <= 8 joined rows `stride` bytes apart): a
+ * vector holds one weight row's sums with 8 act rows, each widened weight pair broadcast. They
+ * take xstride as the bytes of one 8-row block and give the two-level kernels' bits. */
 void qw_vertical_act_rows(const uint8_t *joined, size_t stride, int rows, uint8_t *dst, int64_t n);
 
-/* qw_dot_row_act's product of one stored row with a joined row xj by the joined kernel of the current path (for tests): its output, or NAN when the path has none or out of memory. */
+/* qw_dot_row_act's product of one stored row with a joined row xj by the vertical kernel of the
+ * current path (for tests): its output, or NAN when the path has none or out of memory. */
 float qw_dot_row_joined(int dtype, const void *row, const void *xj, int64_t n);
 
 /* Pair row `dst` (qw_act_bytes(QW_Q8_0, n, bits) bytes per row, so twice that) from the act
@@ -118,8 +117,7 @@ static inline void qw_prefetch_share(const uint8_t *rec, int rec_bytes, int subs
 qw_r8_fn qw_r8_kernel_avx2(int dtype, int bits);
 qw_r8_fn qw_r8_kernel_avx512(int dtype, int bits);
 qw_r8_fn qw_r8_kernel_avx512w(int dtype, int bits);
-/* intdot_avx2.c: the AVX2 16-bit products on joined rows, and on vertical blocks of them. */
-qw_r8_fn qw_r8_kernel_joined_avx2(int dtype);
+/* intdot_avx2.c: the AVX2 16-bit products on vertical blocks of joined rows. */
 qw_r8_fn qw_r8_kernel_vertical_avx2(int dtype);
 
 /* intdot.c: the kernel for `dtype` (a stored type with an integer dot) on the current SIMD
@@ -128,11 +126,10 @@ qw_r8_fn qw_r8_kernel(int dtype, int bits);
 /* The pair kernel for `dtype` on the current SIMD setting, or NULL where that has none (then
  * qw_r8_kernel's is the one). */
 qw_r8_fn qw_r8_kernel_pairs(int dtype, int bits);
-/* The 16-bit kernel for `dtype` that takes joined rows, on the current SIMD setting, or NULL where
- * that has none (the AVX2 path has them: there the two levels' byte products cost more than the
- * joined rows' 16-bit ones; an 8-bit row's one level costs less, so 8-bit rows stay plain). */
-qw_r8_fn qw_r8_kernel_joined(int dtype);
-/* The same on vertical blocks (where the path has joined kernels), or NULL. */
+/* The 16-bit kernel for `dtype` that takes vertical blocks of joined rows, on the current SIMD
+ * setting, or NULL where that has none (the AVX2 path has them: there the two levels' byte
+ * products cost more than the joined rows' 16-bit ones; an 8-bit row's one level costs less, so
+ * 8-bit rows stay plain). */
 qw_r8_fn qw_r8_kernel_vertical(int dtype);
 /* Bytes of one repacked 8-row group of K values (`dtype` the stored type). */
 size_t qw_r8_group_bytes(int dtype, int64_t K);

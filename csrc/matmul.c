@@ -374,18 +374,19 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     int amx = act && M >= 16 && qw_amx_kernel(QW_Q8_0, act) != NULL;
     int pairs = !amx && act && M >= 2 && qw_r8_kernel_pairs(QW_Q8_0, act) != NULL;
     int bf16 = amx && act == 16 && group_takes_bf16(p, count, K, act);
-    /* or as joined rows, where the path has kernels for them and enough rows share each widened
-     * block (same bits either way): on a Zen 3 the joined Q4_K product ran 5-10% slower than the
-     * two levels' at 1 and 2 rows, even at 4, 11% faster at 8 (Q5_0, Q6_K and Q8_0 faster from 2) */
-    int joined = !amx && !pairs && act == 16 && M >= 4 && qw_r8_kernel_vertical(QW_Q8_0) != NULL;
+    /* or as vertical blocks of joined rows, where the path has kernels for them and enough rows
+     * share each widened block (same bits either way): on a Zen 3 the first joined Q4_K product
+     * (8 weight rows to a vector) ran 5-10% slower than the two levels' at 1 and 2 rows, even at 4,
+     * 11% faster at 8 (Q5_0, Q6_K and Q8_0 faster from 2); not re-measured for the vertical ones */
+    int vertical = !amx && !pairs && act == 16 && M >= 4 && qw_r8_kernel_vertical(QW_Q8_0) != NULL;
     for (int i = 0; i < count; i++) {
         pl[i].p = &p[i];
         pl[i].repacked = p[i].dtype >= QW_R8;
         pl[i].base = stored_type(p[i].dtype);
         pl[i].pairs = pairs;
-        pl[i].vertical = joined;
+        pl[i].vertical = vertical;
         pl[i].idot = !act ? NULL : pairs ? qw_r8_kernel_pairs(pl[i].base, act)
-                   : joined ? qw_r8_kernel_vertical(pl[i].base) : qw_r8_kernel(pl[i].base, act);
+                   : vertical ? qw_r8_kernel_vertical(pl[i].base) : qw_r8_kernel(pl[i].base, act);
         pl[i].amx = !amx || !pl[i].idot ? NULL : bf16 ? qw_amx_kernel_bf16(pl[i].base) : qw_amx_kernel(pl[i].base, act);
         pl[i].stride = qw_row_bytes(p[i].dtype, K);
         if (pl[i].idot) {
@@ -393,7 +394,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
             size_t item_bytes = qw_r8_group_bytes(pl[i].base, K) * (ROW_CHUNK / 8);
             if (!pl[i].repacked && item_bytes > pack_bytes) pack_bytes = item_bytes;
             if (!xq && amx && !(xq = quantize_amx(act, bf16, X, M, K, &amx_block, &xstride))) return QW_ENOMEM;
-            if (!xq && joined && !(xq = quantize_vertical(X, M, K, &xstride))) return QW_ENOMEM;
+            if (!xq && vertical && !(xq = quantize_vertical(X, M, K, &xstride))) return QW_ENOMEM;
             if (!xq && !(xq = quantize_rows(act, X, M, K, pairs, &xstride))) return QW_ENOMEM;
             pl[i].first = round_items;
             round_items += (p[i].N + pl[i].rows - 1) / pl[i].rows;
@@ -410,7 +411,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     /* items: the float products' tiles (each over all M rows), then the integer products'
      * chunks round by round */
     for (int i = 0; i < count; i++) pl[i].amx_block = amx_block;
-    int64_t round_rows = xq ? act_round_rows(amx ? amx_block / 16 : pairs ? xstride / 2 : joined ? xstride / 8 : xstride, M) : M;
+    int64_t round_rows = xq ? act_round_rows(amx ? amx_block / 16 : pairs ? xstride / 2 : vertical ? xstride / 8 : xstride, M) : M;
     int64_t rounds = round_items ? (M + round_rows - 1) / round_rows : 0;
     /* each thread's AMX work area: two groups unpacked, then a round's outputs for them */
     size_t amx_bytes = amx ? QW_AMX_WORK(round_rows / 16) + (size_t)round_rows * 16 * sizeof(float) : 0;

@@ -228,10 +228,14 @@ static uint64_t peak_plain(int64_t rounds) {
  * path on two threads), so a long run is counted one segment at a time. */
 #define SEGMENT ((int64_t)1 << 20)
 
-/* One segment of a probe: the path's own loop (mix < 0), or the 512-bit loop with mix float FMAs
- * per 16 of its instructions. */
+/* run_probe's mix for the 16-bit probe */
+#define WORDS (-2)
+
+/* One segment of a probe: the path's own loop (mix -1), the 16-bit one (WORDS), or the 512-bit
+ * loop with mix float FMAs per 16 of its instructions. */
 static uint64_t peak_segment(int path, int mix, int64_t rounds) {
 #if QW_HAVE_X86
+    if (mix == WORDS) return peak_avx2_words(rounds);
     if (mix >= 0) return peak_vnni512_mix(rounds, mix);
     if (path >= 3) return peak_vnni512(rounds);
     if (path == 2) return peak_vnni256(rounds);
@@ -256,22 +260,7 @@ static uint64_t run_probe(int path, int mix, int64_t rounds) {
 
 uint64_t qw_dot_peak(int64_t rounds) { return run_probe(qw_simd_level(), -1, rounds); }
 
-/* Each thread's 16-bit probe, one segment at a time (a lane gains at most 48 a round). */
-uint64_t qw_dot_peak_words(int64_t rounds) {
-#if QW_HAVE_X86
-    if (qw_simd_level() < 1) return 0;
-    if (rounds < 8) rounds = 8;
-    rounds &= ~(int64_t)7;
-    uint64_t total = 0;
-#pragma omp parallel num_threads(qw_get_threads()) reduction(+ : total)
-    for (int64_t done = 0; done < rounds; done += SEGMENT)
-        total += peak_avx2_words(rounds - done < SEGMENT ? rounds - done : SEGMENT);
-    return total;
-#else
-    (void)rounds;
-    return 0;
-#endif
-}
+uint64_t qw_dot_peak_words(int64_t rounds) { return qw_simd_level() < 1 ? 0 : run_probe(1, WORDS, rounds); }
 
 uint64_t qw_dot_peak_mix(int64_t rounds, int fp) {
     if (fp < 0 || fp > QW_PEAK_MAX_FP || qw_simd_level() < 3) return 0;

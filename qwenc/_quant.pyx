@@ -31,7 +31,7 @@ cdef extern from "kernels.h":
                           int bits) nogil
     void qw_join_act_rows(const unsigned char *x, unsigned char *dst, int64_t n) nogil
     float qw_dot_row_joined(int dtype, const void *row, const void *xj, int64_t n) nogil
-    void *qw_r8_kernel_joined(int dtype)
+    void *qw_r8_kernel_vertical(int dtype)
 
 cdef extern from "qblock.h":
     size_t JOINED_BYTES(int64_t n)
@@ -235,15 +235,16 @@ def join_activations(xq, Py_ssize_t cols):
 
 def has_joined_kernels():
     """True when the current path multiplies 16-bit act rows as joined rows (AVX2)."""
-    return qw_r8_kernel_joined(Q8_0) != NULL
+    return qw_r8_kernel_vertical(Q8_0) != NULL
 
 
 def dot_rows_joined(data, int dtype, Py_ssize_t rows, Py_ssize_t cols, xj):
-    """float32 [rows]: dot_rows_act's products for a 16-bit act row, by the current path's joined
-    kernel, taking the row as a joined row xj (uint8 [joined bytes], from join_activations)."""
+    """float32 [rows]: dot_rows_act's products for a 16-bit act row, by the current path's kernel
+    for joined rows (vertical: the row alone in its block of 8), taking the row as a joined row xj
+    (uint8 [joined bytes], from join_activations)."""
     arr, rb = _as_bytes(data, dtype, rows, cols)
     _act_row_bytes(dtype, cols, 16)
-    if qw_r8_kernel_joined(dtype) == NULL:
+    if qw_r8_kernel_vertical(dtype) == NULL:
         raise ValueError(f"the {simd_path()} path has no joined kernel for type {dtype}")
     xa = np.ascontiguousarray(xj).reshape(-1)
     if xa.dtype != np.uint8 or xa.shape[0] != JOINED_BYTES(cols):
