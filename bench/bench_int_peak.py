@@ -19,9 +19,9 @@ Q6_K; twice that for int8, whose blocks take 8 vpdpbusd). Where float and intege
 share execution ports that mix is the kernel's ceiling, and the last two columns give it (as a
 share of the plain probe) and the product's rate as a share of it.
 
-On the AVX2 path, where int16 products of 4 or more rows multiply joined rows with `vpmaddwd`,
-each round also times `_ops.dot_peak_words`: that instruction with the add that accumulates it,
-in register chains with no loads. The last column gives each int16 product's 16-bit
+On the AVX2 path, where int16 products of 6-8 or 11 or more rows (`_ops.takes_vertical`)
+multiply joined rows with `vpmaddwd`, each round also times `_ops.dot_peak_words`: that
+instruction with the add that accumulates it, in register chains with no loads. The last column gives each int16 product's 16-bit
 multiply-adds (half its byte figure) as a share of that rate: how far the joined kernel is from
 its own instruction's ceiling (the byte probe above is the two-level kernels' instruction mix).
 """
@@ -83,7 +83,7 @@ def main():
         mats.append((label, R, r8, N, K, X))
     mixed = _ops.simd_path() == "avx512w" and args.rows >= 2
     fps = sorted({float_work(kind, act) for kind in kinds.values() for act in (16, 8)}) if mixed else []
-    words = _ops.simd_path() == "avx2" and args.rows >= 4
+    words = _ops.takes_vertical(args.rows)
     peaks, rates, shares, ceilings, word_peaks, word_shares = [], {}, {}, {}, [], {}
     for _ in range(args.rounds):
         p = probe(args.probe_rounds)

@@ -167,6 +167,22 @@ R8_TARGET INLINE void vertical_tile(const int T, const int G, const int32_t *wb,
     }
 }
 
+#define MIN_RUN 32
+
+/* The mins' sums of sub-blocks b0 .. b0 + n - 1 (weight mins per sub-block in mins[]). */
+R8_TARGET INLINE void min_run(const int G, const uint8_t *const *x, int64_t K, int64_t b0, int n,
+                              const float mins[][8], __m256 macc[8][2]) {
+    for (int g = 0; g < G; g++) {
+        __m256 m[8];
+        for (int r = 0; r < 8; r++) m[r] = macc[r][g];
+        for (int t = 0; t < n; t++) {
+            const __m256 sv = _mm256_loadu_ps(VERT_S(x[g], K) + 8 * (b0 + t));
+            for (int r = 0; r < 8; r++) m[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(mins[t] + r), sv, m[r]);
+        }
+        for (int r = 0; r < 8; r++) macc[r][g] = m[r];
+    }
+}
+
 R8_TARGET INLINE void product_vertical(const int T, const int G, const uint8_t *g, int64_t K, const uint8_t *xv,
                                        size_t vstride, int64_t M, float *out) {
     const int bs = IS_K(T) ? 256 : 32, subs = bs / 32;
@@ -174,6 +190,11 @@ R8_TARGET INLINE void product_vertical(const int T, const int G, const uint8_t *
     const uint8_t *x[2] = {xv, xv + vstride};
     __m256 acc[8][2], macc[8][2];
     for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = macc[r][0] = macc[r][1] = _mm256_setzero_ps();
+    /* The mins' products wait for MIN_RUN sub-blocks and then run with their sums in registers:
+     * folded in per sub-block they were loads and stores of sums the tiles leave no registers
+     * for. Each lane's FMAs are the same, in the same order. */
+    float mins[MIN_RUN][8] __attribute__((aligned(32)));
+    int64_t run0 = 0;
     for (int64_t i = 0; i < K / bs; i++) {
         const uint8_t *rec = g + (size_t)i * (size_t)rb;
         __m256 Mv, Dmin;
@@ -186,7 +207,7 @@ R8_TARGET INLINE void product_vertical(const int T, const int G, const uint8_t *
             unpack_sub(T, rec, j, D, Dmin, c, &S, &Sb, &Mv);
             widen(T, c, w);
             int32_t wb[16 * 8] __attribute__((aligned(32)));
-            float Sa[8], Sba[8], Ma[8];
+            float Sa[8], Sba[8];
             for (int k = 0; k < 16; k++) _mm256_store_si256((__m256i *)(wb + 8 * k), w[k]);
             /* the pairs are then broadcast from memory (a load each): left to see the stores, the
              * compiler took them out of the vectors with shifts and shuffles instead, on the
@@ -199,10 +220,10 @@ R8_TARGET INLINE void product_vertical(const int T, const int G, const uint8_t *
             vertical_tile(T, G, wb, 0, x, b, Sa, Sba, dx, acc);
             vertical_tile(T, G, wb, 4, x, b, Sa, Sba, dx, acc);
             if (HAS_MIN(T)) {
-                _mm256_storeu_ps(Ma, Mv);
-                for (int gg = 0; gg < G; gg++) {
-                    const __m256 sv = _mm256_loadu_ps(VERT_S(x[gg], K) + 8 * b);
-                    for (int r = 0; r < 8; r++) macc[r][gg] = _mm256_fmadd_ps(_mm256_broadcast_ss(Ma + r), sv, macc[r][gg]);
+                _mm256_store_ps(mins[b - run0], Mv);
+                if (b - run0 == MIN_RUN - 1 || b == K / 32 - 1) {
+                    min_run(G, x, K, run0, (int)(b + 1 - run0), mins, macc);
+                    run0 = b + 1;
                 }
             }
         }

@@ -331,6 +331,21 @@ static int64_t act_round_rows(size_t row_bytes, int64_t M) {
     return per < M ? per : M;
 }
 
+/* Whether M 16-bit act rows go on vertical blocks (the path has their kernels and the count
+ * pays). A vertical block costs the same for 1 to 8 rows, so a short last block wastes lanes; the
+ * two-level kernels cost about the same per row at any count. In batched decode of the demo model
+ * on a Zen 3 (2 threads) a vertical block of 8 cost what 5.5 two-level rows did: at 5 rows the
+ * two levels were 17% faster, at 6 the two even, at 7 the block 12% faster; at 9 rows the two
+ * levels were 12% faster, at 10 the two even within the noise, at 11 the blocks 7% faster, and
+ * from 12 on the blocks (at 4 rows: 106-110 against 77-79 tok/s, at 8: 143 against 112-120).
+ * The cost is the type's: alone, one thread, a block of 8 cost 5-6 rows of Q6_K, 6 of Q8_0, 7 of
+ * Q5_0 and 8 of Q4_K (a block of 16: 4.6-4.9, 5.4, 6 and 7 per 8), so the 1.5B model (mostly
+ * Q4_K) lost 12% at 6 rows and broke even at 7 and 11; one rule for every type keeps the demo's. */
+int qw_vertical_pays(int64_t M) {
+    const int64_t blocks = (M + 7) / 8;
+    return M >= 1 && 11 * blocks <= 2 * M && qw_r8_kernel_vertical(QW_Q8_0) != NULL;
+}
+
 /* The product whose items of its kind (integer or float) hold item w of that kind: each kind's
  * products number their items from `first`, in order. */
 static int product_of(const plan *pl, int count, int is_int, int64_t w) {
@@ -374,11 +389,8 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     int amx = act && M >= 16 && qw_amx_kernel(QW_Q8_0, act) != NULL;
     int pairs = !amx && act && M >= 2 && qw_r8_kernel_pairs(QW_Q8_0, act) != NULL;
     int bf16 = amx && act == 16 && group_takes_bf16(p, count, K, act);
-    /* or as vertical blocks of joined rows, where the path has kernels for them and enough rows
-     * share each widened block (same bits either way): on a Zen 3 the first joined Q4_K product
-     * (8 weight rows to a vector) ran 5-10% slower than the two levels' at 1 and 2 rows, even at 4,
-     * 11% faster at 8 (Q5_0, Q6_K and Q8_0 faster from 2); not re-measured for the vertical ones */
-    int vertical = !amx && !pairs && act == 16 && M >= 4 && qw_r8_kernel_vertical(QW_Q8_0) != NULL;
+    /* or as vertical blocks of joined rows, where they pay (same bits either way) */
+    int vertical = !amx && !pairs && act == 16 && qw_vertical_pays(M);
     for (int i = 0; i < count; i++) {
         pl[i].p = &p[i];
         pl[i].repacked = p[i].dtype >= QW_R8;

@@ -44,6 +44,7 @@ cdef extern from "matmul.h":
     int QW_GROUP_MAX
     int qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) nogil
     size_t qw_act_round_bytes() nogil
+    int qw_vertical_pays(int64_t M) nogil
     void qw_set_act_round_bytes(size_t bytes) nogil
 
 cdef extern from "ops.h":
@@ -145,6 +146,12 @@ def act_round_bytes():
     every weight row one round at a time): an eighth of the core's L2 where that is under 2 MiB,
     else 1 MiB."""
     return qw_act_round_bytes()
+
+
+def takes_vertical(int64_t M):
+    """Whether a 16-bit product of M act rows runs on vertical blocks of joined rows (the AVX2
+    path's vpmaddwd kernels) rather than the two-level ones: same bits, chosen for speed."""
+    return bool(qw_vertical_pays(M))
 
 
 def _set_act_round_bytes(size_t n):

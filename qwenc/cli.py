@@ -208,8 +208,8 @@ def cmd_bench(args):
     # the integer peak measured before and after the tests, the higher kept: a shared machine's
     # other load lowers a probe, never raises it
     dot_peaks = [measure_dot_peak()] if any(m in ("int16", "int8") for m in modes) else []
-    # on AVX2, int16 products of 4 or more act rows multiply joined 16-bit rows with vpmaddwd:
-    # those tests are also set against that instruction's own peak
+    # on AVX2, int16 products of 6-8 or 11 or more act rows (_ops.takes_vertical) multiply joined
+    # 16-bit rows with vpmaddwd: those tests are also set against that instruction's own peak
     from qwenc import _ops
     words = _ops.simd_path() == "avx2" and "int16" in modes
     word_peaks = [measure_dot_peak(words=True)] if words else []
@@ -248,11 +248,11 @@ def cmd_bench(args):
         for mode, test, rate, macs, _ in compute:
             print(f"{test} ({mode}): {rate:.1f} tok/s x {macs / 1e9:.3g} G per token = "
                   f"{100 * rate * macs / 1e9 / dot_peak:.0f}% of that peak")
-        joined = [c for c in compute if c[0] == "int16" and c[4] >= 4]
+        joined = [c for c in compute if c[0] == "int16" and _ops.takes_vertical(c[4])]
         if words and joined:
             word_peak = max(word_peaks + [measure_dot_peak(words=True)])
             print(f"16-bit multiply-adds' peak {word_peak:.0f} G/s (probe: AVX2 vpmaddwd with its add, the "
-                  f"instruction of int16 products of 4 or more rows, in register chains, the higher of two)")
+                  f"instruction of the vertical int16 products, in register chains, the higher of two)")
             for mode, test, rate, macs, _ in joined:  # one 16-bit multiply-add per weight and act row
                 print(f"{test} ({mode}): {rate:.1f} tok/s x {macs / 2e9:.3g} G 16-bit per token = "
                       f"{100 * rate * macs / 2e9 / word_peak:.0f}% of the 16-bit peak")

@@ -91,18 +91,47 @@ def test_joined_products_equal_the_two_level_ones(avx2, name, blocks):
 @pytest.mark.parametrize("name", BLOCK_TYPES)
 def test_matmul_on_joined_rows_gives_each_rows_bits(avx2, name):
     """The 16-bit matmul on the AVX2 path (joined rows, stored and repacked weights) gives for any
-    number of act rows, odd ones included (joined from 4 rows on), each row's two-level product
-    alone."""
+    number of act rows, odd ones included, on vertical blocks or not (both kinds of count below),
+    each row's two-level product alone."""
     N, K = 13, K_CASES[name][-1]
     data = synthetic(name, N, K, seed=9)
     packed, r8 = _ops.repack(data.reshape(-1), CODE[name], N, K)
     x, xq = act_rows(K, 17, 3)
     want = np.stack([_quant.dot_rows_act(data, CODE[name], N, K, xq[m], bits=16) for m in range(17)])
-    for M in (1, 2, 3, 5, 16, 17):
+    for M in (1, 2, 3, 5, 6, 9, 11, 16, 17):
         for w, dtype in ((data.reshape(-1), CODE[name]), (packed, r8)):
             y = np.full((M, N), np.nan, np.float32)
             _ops.matmul(w, dtype, N, K, x[:M], y, None, 16)
             assert bits_equal(y, want[:M]), (name, M, dtype)
+
+
+def test_vertical_blocks_where_they_pay(avx2):
+    """A vertical block costs the same for 1 to 8 rows: the AVX2 path takes them for 6-8 rows and
+    from 11 on (fewer lanes wasted than the two-level kernels cost), never on the plain path."""
+    assert [m for m in range(1, 41) if _ops.takes_vertical(m)] == [6, 7, 8] + list(range(11, 41))
+    assert not _ops.takes_vertical(0)
+    _ops.set_simd_path("plain")
+    try:
+        assert not any(_ops.takes_vertical(m) for m in range(1, 41))
+    finally:
+        _ops.set_simd_path("avx2")
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q5_1", "Q4_K", "Q5_K"])
+def test_long_rows_with_mins_give_each_rows_bits(avx2, name):
+    """Rows of 41 blocks (7 superblocks, 56 sub-blocks): the vertical kernels fold the mins' sums
+    in runs of sub-blocks, and a run's end, a short last run and both act blocks (5 and 17 rows)
+    keep each row's two-level bits."""
+    N, K = 9, 1792 if name.endswith("_K") else 1312
+    data = random_blocks(name, N, K, np.random.default_rng(K))
+    x, xq = act_rows(K, 17, 11)
+    want = np.stack([_quant.dot_rows_act(data, CODE[name], N, K, xq[m], bits=16) for m in range(17)])
+    packed, r8 = _ops.repack(data.reshape(-1), CODE[name], N, K)
+    for M in (5, 17):
+        y = np.full((M, N), np.nan, np.float32)
+        _ops.matmul(packed, r8, N, K, x[:M], y, None, 16)
+        assert np.isfinite(want).all()
+        assert bits_equal(y, want[:M]), (name, M)
 
 
 @pytest.mark.parametrize("name", ["Q5_0", "Q8_0", "Q4_K", "Q6_K"])

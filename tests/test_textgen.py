@@ -315,7 +315,7 @@ def test_cli_bench_reports_integer_products_against_their_peak(model_dir):
         assert found[("pp8", mode)] == pytest.approx(levels * (body + head / 8), rel=0.006)
         assert found[("tg2 x B=3", mode)] == pytest.approx(levels * (body + head), rel=0.006)
     assert len(found) == 4, r.stdout
-    # on AVX2 the int16 tests of 4 or more rows (the joined products) are also set against the
+    # on AVX2 the int16 tests on vertical blocks (6-8 or 11 or more rows) are also set against the
     # 16-bit probe, one multiply-add per weight and act row: the 8-token prefill, not the batch of 3
     words = re.findall(r"^(\S+(?: x B=\d+)?) \((int16|int8)\): [\d.]+ tok/s x ([\d.e-]+) G 16-bit per token = "
                        r"\d+% of the 16-bit peak$", r.stdout, re.M)
