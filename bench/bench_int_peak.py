@@ -21,9 +21,10 @@ share of the plain probe) and the product's rate as a share of it.
 
 On the AVX2 path, where int16 products of 6-8 or 11 or more rows (`_ops.takes_vertical`)
 multiply joined rows with `vpmaddwd`, each round also times `_ops.dot_peak_words`: that
-instruction with the add that accumulates it, in register chains with no loads. The last column gives each int16 product's 16-bit
-multiply-adds (half its byte figure) as a share of that rate: how far the joined kernel is from
-its own instruction's ceiling (the byte probe above is the two-level kernels' instruction mix).
+instruction with the add that accumulates it, in register chains with no loads. The last column
+gives each int16 product's 16-bit multiply-adds (half its byte figure) as a share of that rate:
+how far the joined kernel is from its own instruction's ceiling (the byte probe above is the
+two-level kernels' instruction mix).
 """
 import argparse
 import statistics

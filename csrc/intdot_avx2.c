@@ -128,10 +128,10 @@ R8_TARGET INLINE void widen(const int T, const __m256i c[8], __m256i w[16]) {
  * The same products with the roles of the vector lanes turned: a vector holds one weight row's
  * sums with 8 act rows (a vertical block, qblock.h), each widened weight pair broadcast from the
  * block's widened codes in memory. Per pair of codes a tile of 4 weight rows and 2 blocks loads 2
- * act vectors and broadcasts 4 weight pairs for 8 vpmaddwd, where kernels with 8 weight rows to a vector broadcast an
- * act pair for each: in a timing of the two loops alone (L1, one thread, same float work) 3.9-4.4
- * against 2.7-2.9 G vpmaddwd a second on a Zen 3, and the earlier kernels of the first kind are
- * gone. Each lane's integer sums are the two-level kernels' (256 I1 + I2) and its float work
+ * act vectors and broadcasts 4 weight pairs for 8 vpmaddwd, where the earlier kernels (8 weight
+ * rows to a vector, now gone) broadcast an act pair for each: in a timing of the two loops alone
+ * (L1, one thread, same float work) 3.9-4.4 against 2.7-2.9 G vpmaddwd a second on a Zen 3.
+ * Each lane's integer sums are the two-level kernels' (256 I1 + I2) and its float work
  * the same operations on the same values (the scales' product S_r dx_m, the FMA into its sum,
  * the mins' Mv_r s_m), so the bits are the same. */
 

@@ -77,9 +77,10 @@ qw_amx_fn qw_amx_kernel(int dtype, int bits);
 qw_amx_fn qw_amx_kernel_bf16_x86(int dtype);
 qw_amx_fn qw_amx_kernel_bf16(int dtype);
 
-/* A joined row: a 16-bit act row as the vertical kernels (qw_r8_kernel_vertical) read it, per 4 values v0..v3, the int16s j0, j2, j1, j3 (j = 256 q1 + q2, the two levels'
- * codes joined, at most 32639 in magnitude), n of them; then level 2's d of each block (n / 32
- * floats), then level 2's s. JOINED_BYTES(n) (qblock.h) bytes; qw_join_act_rows builds one from a
+/* A joined row: a 16-bit act row as the vertical kernels (qw_r8_kernel_vertical) read it, per 4
+ * values v0..v3, the int16s j0, j2, j1, j3 (j = 256 q1 + q2, the two levels' codes joined, at
+ * most 32639 in magnitude), n of them; then level 2's d of each block (n / 32 floats), then level
+ * 2's s. JOINED_BYTES(n) (qblock.h) bytes; qw_join_act_rows builds one from a
  * 16-bit act row. The order puts each of a kernel's 16-bit code pairs (codes 4s and 4s + 2, or
  * 4s + 1 and 4s + 3, the halves of a row's 4 bytes in a step vector) against one int32 of the
  * row. No code sums: the kernels take the code offsets off the widened codes. */

@@ -47,10 +47,11 @@ typedef struct {
 #define QW_GROUP_MAX 4
 int qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act);
 
-/* Bytes of act rows per round of the integer path (matmul.c), and a setting for it: 0 takes the
- * default from the core's L2 again. For tests, which need rounds of a known size. */
 /* Whether a 16-bit product of M act rows takes the vertical kernels on the current path. */
 int qw_vertical_pays(int64_t M);
+
+/* Bytes of act rows per round of the integer path (matmul.c), and a setting for it: 0 takes the
+ * default from the core's L2 again. For tests, which need rounds of a known size. */
 size_t qw_act_round_bytes(void);
 void qw_set_act_round_bytes(size_t bytes);
 
