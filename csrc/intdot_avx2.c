@@ -135,25 +135,23 @@ R8_TARGET INLINE void widen(const int T, const __m256i c[8], __m256i w[16]) {
  * the same operations on the same values (the scales' product S_r dx_m, the FMA into its sum,
  * the mins' Mv_r s_m), so the bits are the same. */
 
-/* Weight rows r0 .. r0 + R - 1 of sub-block b (widened pairs wb: [16 pairs][8 rows]) against the
- * G blocks x: each lane's exact sums per group of pairs (Q6_K: two of 8), then its float work.
- * R * G is 8: 8 chains, each act vector loaded once for R broadcast weight pairs. */
-R8_TARGET INLINE void vertical_tile(const int T, const int G, const int R, const int32_t *wb, int r0,
-                                    const uint8_t *const *x, int64_t b, const float *Sa, const float *Sba,
-                                    const __m256 *dx, __m256 acc[8][2]) {
+/* Weight rows r0 .. r0 + 3 of sub-block b (widened pairs wb: [16 pairs][8 rows]) against the G
+ * blocks x: each lane's exact sums per group of pairs (Q6_K: two of 8), then its float work. */
+R8_TARGET INLINE void vertical_tile(const int T, const int G, const int32_t *wb, int r0, const uint8_t *const *x,
+                                    int64_t b, const float *Sa, const float *Sba, const __m256 *dx, __m256 acc[8][2]) {
     const int groups = T == QW_Q6_K ? 2 : 1, n = 16 / groups;
     for (int gr = 0; gr < groups; gr++) {
         const int k0 = gr * n;
-        __m256i c[8][2], xv[2];
+        __m256i c[4][2], xv[2];
         for (int g = 0; g < G; g++) xv[g] = _mm256_loadu_si256((const __m256i *)(VERT_PAIRS(x[g], b) + 8 * k0));
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < 4; r++) {
             const __m256i wr = _mm256_set1_epi32(wb[8 * k0 + r0 + r]);
             for (int g = 0; g < G; g++) c[r][g] = _mm256_madd_epi16(wr, xv[g]);
         }
 #pragma GCC unroll 16
         for (int k = k0 + 1; k < k0 + n; k++) {
             for (int g = 0; g < G; g++) xv[g] = _mm256_loadu_si256((const __m256i *)(VERT_PAIRS(x[g], b) + 8 * k));
-            for (int r = 0; r < R; r++) {
+            for (int r = 0; r < 4; r++) {
                 const __m256i wr = _mm256_set1_epi32(wb[8 * k + r0 + r]);
                 for (int g = 0; g < G; g++) {
                     c[r][g] = _mm256_add_epi32(c[r][g], _mm256_madd_epi16(wr, xv[g]));
@@ -162,10 +160,37 @@ R8_TARGET INLINE void vertical_tile(const int T, const int G, const int R, const
             }
         }
         const float *scale = gr ? Sba : Sa;
-        for (int r = 0; r < R; r++)
+        for (int r = 0; r < 4; r++)
             for (int g = 0; g < G; g++)
                 acc[r0 + r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[r][g]),
                                                  _mm256_mul_ps(_mm256_broadcast_ss(scale + r0 + r), dx[g]), acc[r0 + r][g]);
+    }
+}
+
+/* The same for a single block (6-8 act rows: batched decode) and all 8 weight rows in one tile,
+ * so each act vector is loaded once for 8 weight pairs. It is a function of its own: the tile
+ * above, given the row count as an argument instead, kept the two-block tiles' chains in memory
+ * (16 act rows: 25% slower). */
+R8_TARGET INLINE void vertical_tile8(const int T, const int32_t *wb, const uint8_t *x, int64_t b, const float *Sa,
+                                     const float *Sba, __m256 dx, __m256 acc[8][2]) {
+    const int groups = T == QW_Q6_K ? 2 : 1, n = 16 / groups;
+    for (int gr = 0; gr < groups; gr++) {
+        const int k0 = gr * n;
+        __m256i c[8];
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(VERT_PAIRS(x, b) + 8 * k0));
+        for (int r = 0; r < 8; r++) c[r] = _mm256_madd_epi16(_mm256_set1_epi32(wb[8 * k0 + r]), xv);
+#pragma GCC unroll 16
+        for (int k = k0 + 1; k < k0 + n; k++) {
+            xv = _mm256_loadu_si256((const __m256i *)(VERT_PAIRS(x, b) + 8 * k));
+            for (int r = 0; r < 8; r++) {
+                c[r] = _mm256_add_epi32(c[r], _mm256_madd_epi16(_mm256_set1_epi32(wb[8 * k + r]), xv));
+                CHAIN(c[r]);
+            }
+        }
+        const float *scale = gr ? Sba : Sa;
+        for (int r = 0; r < 8; r++)
+            acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c[r]), _mm256_mul_ps(_mm256_broadcast_ss(scale + r), dx),
+                                        acc[r][0]);
     }
 }
 
@@ -219,14 +244,11 @@ R8_TARGET INLINE void product_vertical(const int T, const int G, const uint8_t *
             _mm256_storeu_ps(Sba, Sb);
             __m256 dx[2];
             for (int gg = 0; gg < G; gg++) dx[gg] = _mm256_loadu_ps(VERT_D(x[gg], K) + 8 * b);
-            /* one block: all 8 weight rows in one tile, so its act vector is loaded once per pair
-             * (two tiles of 4 rows: the 1.5B's Q4_K up projection at 8 act rows 87-89 against
-             * 98-99 G/s alone, the demo's Q5_0 90-92 against 94-96, Q6_K the same) */
             if (G == 1)
-                vertical_tile(T, 1, 8, wb, 0, x, b, Sa, Sba, dx, acc);
+                vertical_tile8(T, wb, x[0], b, Sa, Sba, dx[0], acc);
             else {
-                vertical_tile(T, G, 4, wb, 0, x, b, Sa, Sba, dx, acc);
-                vertical_tile(T, G, 4, wb, 4, x, b, Sa, Sba, dx, acc);
+                vertical_tile(T, G, wb, 0, x, b, Sa, Sba, dx, acc);
+                vertical_tile(T, G, wb, 4, x, b, Sa, Sba, dx, acc);
             }
             if (HAS_MIN(T)) {
                 _mm256_store_ps(mins[b - run0], Mv);
