@@ -28,14 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 def decode(model, prompts, steps):
     """(seconds for `steps` batched greedy steps over len(prompts) sequences, tokens per sequence)."""
-    from qwenc.model.forward import BLOCK_SIZE, KVCache, Sequence, StepItem
+    from qwenc.model.forward import Sequence, StepItem
     tr = model.transformer
-    # one cache shared by the sequences, each holding its own blocks, as the engine's are (a
-    # step over one cache runs its layers in one C call)
-    per = [-(-(len(p) + steps + 1) // BLOCK_SIZE) for p in prompts]
-    cache = KVCache(model.config, sum(per), dtype=tr.kv_dtype)
-    starts = np.cumsum([0] + per[:-1])
-    seqs = [Sequence(cache, np.arange(a, a + n), len(p) + steps + 1) for a, n, p in zip(starts, per, prompts)]
+    seqs = Sequence.shared(model.config, [len(p) + steps + 1 for p in prompts], tr.kv_dtype)
     logits = tr.forward_step([StepItem(s, list(p)) for s, p in zip(seqs, prompts)])  # batched prefill
     tokens = [int(np.argmax(row)) for row in logits]
     out = [[] for _ in prompts]

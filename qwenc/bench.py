@@ -162,15 +162,10 @@ def _timed_decode(model, prompt, n) -> float:
 
 def _timed_batch(model, prompts, n) -> float:
     """tok/s of n steps decoding len(prompts) sequences together (one forward step per token of
-    each), as a batching engine runs its streams: their blocks in one shared cache, so a step is
-    one group and takes the fused layer stack (private caches would each be a group of their own,
-    run layer by layer)."""
-    from .model import BLOCK_SIZE, KVCache, Sequence, StepItem
+    each), as a batching engine runs its streams: over one shared cache."""
+    from .model import Sequence, StepItem
     tr = model.transformer
-    cap = max(len(p) for p in prompts) + n + 1
-    nb = -(-cap // BLOCK_SIZE)
-    cache = KVCache(model.config, nb * len(prompts), dtype=tr.kv_dtype)
-    seqs = [Sequence(cache, np.arange(i * nb, (i + 1) * nb, dtype=np.int32), cap) for i in range(len(prompts))]
+    seqs = Sequence.shared(model.config, [len(p) + n + 1 for p in prompts], tr.kv_dtype)
     logits = tr.forward_step([StepItem(s, list(p)) for s, p in zip(seqs, prompts)])
     tokens = [int(np.argmax(r)) for r in logits]
     t0 = time.perf_counter()

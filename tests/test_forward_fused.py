@@ -103,3 +103,23 @@ def test_block_ids_outside_the_pool_are_refused(model_dirs, table, fused):
     seq = Sequence(cache, table, 16 * len(table))
     with pytest.raises(ValueError, match="outside the pool"):
         model.step([StepItem(seq, list(range(1, 16 * len(table) + 1)))])
+
+
+def test_shared_sequences_are_one_group_with_own_blocks(model_dirs):
+    """Sequence.shared: one cache, each sequence its own blocks covering its capacity, so a step
+    over them is one group, and each row's logits are those of the sequence decoded alone."""
+    model = qwenc.load(str(model_dirs["qwen2"]), dtype="q8_0", activations="int16", context=128, threads=2)
+    caps = [20, 33, 16]
+    seqs = Sequence.shared(model.config, caps, model.transformer.kv_dtype)
+    assert len({id(s.cache) for s in seqs}) == 1
+    tables = [s.block_table.tolist() for s in seqs]
+    assert sorted(sum(tables, [])) == list(range(seqs[0].cache.num_blocks))
+    assert [len(t) * seqs[0].cache.block_size >= c for t, c in zip(tables, caps)] == [True] * 3
+    assert [s.capacity for s in seqs] == caps
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, 384, n).tolist() for n in (7, 12, 3)]
+    pos = np.concatenate([np.arange(len(p)) for p in prompts])
+    assert len(model.transformer._groups([StepItem(s, p) for s, p in zip(seqs, prompts)], pos)) == 1
+    together = model.step([StepItem(s, p) for s, p in zip(seqs, prompts)])
+    for row, p in zip(together, prompts):
+        np.testing.assert_array_equal(row, model.forward(model.new_sequence(40), p))

@@ -75,8 +75,8 @@ class Sequence:
 
     `tokens` are the ids already in the cache, `block_table` the blocks holding them (position p
     is slot p % block_size of block block_table[p // block_size]), `capacity` the most positions
-    the table may hold. Built by Model.new_sequence with a private cache, or by the engine over
-    its shared one.
+    the table may hold. Built by Model.new_sequence with a private cache, by Sequence.shared over
+    one cache for several, or by the engine over its shared one.
     """
 
     def __init__(self, cache: KVCache, block_table, capacity: int):
@@ -87,8 +87,17 @@ class Sequence:
 
     @classmethod
     def private(cls, cfg: ModelConfig, capacity: int, kv_dtype: str = "f32") -> "Sequence":
-        blocks = -(-int(capacity) // BLOCK_SIZE)
-        return cls(KVCache(cfg, blocks, dtype=kv_dtype), np.arange(blocks, dtype=np.int32), capacity)
+        return cls.shared(cfg, [capacity], kv_dtype)[0]
+
+    @classmethod
+    def shared(cls, cfg: ModelConfig, capacities, kv_dtype: str = "f32") -> list:
+        """Sequences of these capacities over one cache, each holding its own run of blocks, as
+        the engine's are: a step over them is one group (the fused layer stack), where private
+        caches would each be a group of their own."""
+        blocks = [-(-int(c) // BLOCK_SIZE) for c in capacities]
+        cache = KVCache(cfg, sum(blocks), dtype=kv_dtype)
+        starts = np.cumsum([0] + blocks[:-1])
+        return [cls(cache, np.arange(a, a + n, dtype=np.int32), c) for a, n, c in zip(starts, blocks, capacities)]
 
     def __len__(self):
         return len(self.tokens)
