@@ -236,6 +236,9 @@ static void float_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const 
             for (int64_t j = 0; j < nb; j++) p->Y[m * p->N + n0 + j] = p->Y[m * p->N + n0 + j] + p->bias[n0 + j];
 }
 
+/* Added where a product has no bias: + 0.0f, as on every path (it turns a -0.0 into +0.0). */
+static const float no_bias[16];
+
 /* Integer path: rows n0 .. n0 + nb (whole groups of 8 but for the matrix's last rows) against
  * act rows m0 .. m1, QW_R8_MAX_M at a time, all the item's groups for one 16-row block before
  * the next block (which then comes from L2 for every group). Stored weights are repacked into
@@ -267,8 +270,6 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
             const uint8_t *ga = groups + (size_t)((g0 - n0) / 8) * gb;
             pl->amx(ga, rows > 8 ? ga + gb : NULL, K, xq + (size_t)(m0 / 16) * pl->amx_block, pl->amx_block, nblk,
                     amx, res);
-            /* + 0.0f without a bias, as on the other paths (it turns a -0.0 into +0.0) */
-            static const float no_bias[16];
             const float *b = p->bias ? p->bias + g0 : no_bias;
             for (int64_t i = 0; i < 16 * nblk; i++) {
                 float *restrict y = p->Y + (m0 + i) * p->N + g0;
@@ -287,9 +288,12 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
             int rows = n0 + nb - g0 < 8 ? (int)(n0 + nb - g0) : 8;
             /* m is a multiple of QW_R8_MAX_M, so even: pair m / 2 starts there */
             pl->idot(groups + (size_t)((g0 - n0) / 8) * gb, K, x, xstride, mb, out);
-            for (int64_t i = 0; i < mb; i++)
-                for (int r = 0; r < rows; r++)
-                    p->Y[(m + i) * p->N + g0 + r] = out[i * 8 + r] + (p->bias ? p->bias[g0 + r] : 0.0f);
+            const float *b = p->bias ? p->bias + g0 : no_bias;
+            for (int64_t i = 0; i < mb; i++) {
+                float *restrict y = p->Y + (m + i) * p->N + g0;
+                const float *restrict s = out + i * 8;
+                for (int r = 0; r < rows; r++) y[r] = s[r] + b[r];
+            }
         }
     }
 }
@@ -448,7 +452,12 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
             int64_t n0 = (w - pl[i].first) * pl[i].rows;
             int64_t nb = p[i].N - n0 < pl[i].rows ? p[i].N - n0 : pl[i].rows;
             if (is_int) {
-                int64_t m0 = (it - float_items) / round_items * round_rows;
+                /* the last round (the short one when M is not a multiple of the rounds) comes
+                 * first: the guided loop's first share is half the items, and when it held the
+                 * long rounds only, the other thread ran out of items and waited for it (the
+                 * demo's 128-row up projection, rounds of 48, 48 and 32 rows: 11% of both
+                 * threads' time in the barrier) */
+                int64_t m0 = ((it - float_items) / round_items + rounds - 1) % rounds * round_rows;
                 int_item(&pl[i], n0, nb, K, xq, xstride, m0, M - m0 < round_rows ? M : m0 + round_rows, pack, amxw);
             } else if (M <= SMALL_M && !pl[i].repacked)
                 float_item_small(&pl[i], n0, nb, K, X, M, T);

@@ -109,6 +109,7 @@ def test_long_prompts_go_through_the_act_rows_in_rounds(name, bits, simd, round_
         outs = [np.full((M, N), np.nan, np.float32) for _ in mats]
         _ops.matmul_group([(w, dt, N, o, b) for (w, dt), o, b in zip(mats, outs, (bias, None))], x, bits)
         for (w, dt), o, b in zip(mats, outs, (bias, None)):
+            assert np.isfinite(o).all(), (name, bits, stored)  # every round's rows written
             for m in (0, 15, 16, 143, 144, 200, 224, 287, 288, 401, M - 1):
                 alone = np.full((1, N), np.nan, np.float32)
                 _ops.matmul(w, dt, N, K, x[m:m + 1], alone, b, bits)
