@@ -26,26 +26,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 
-def decode(model, prompts, steps):
-    """(seconds for `steps` batched greedy steps over len(prompts) sequences, tokens per sequence)."""
-    from qwenc.model.forward import Sequence, StepItem
-    tr = model.transformer
-    seqs = Sequence.shared(model.config, [len(p) + steps + 1 for p in prompts], tr.kv_dtype)
-    logits = tr.forward_step([StepItem(s, list(p)) for s, p in zip(seqs, prompts)])  # batched prefill
-    tokens = [int(np.argmax(row)) for row in logits]
-    out = [[] for _ in prompts]
-    elapsed = 0.0
-    for _ in range(steps):
-        items = [StepItem(s, [t]) for s, t in zip(seqs, tokens)]
-        t0 = time.perf_counter()
-        logits = tr.forward_step(items)
-        elapsed += time.perf_counter() - t0
-        tokens = [int(np.argmax(row)) for row in logits]
-        for o, t in zip(out, tokens):
-            o.append(t)
-    return elapsed, out
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="GGUF file (default: the demo model)")
@@ -58,6 +38,7 @@ def main():
     ap.add_argument("--time-limit", type=float, default=900, help="stop repeating after this many seconds")
     args = ap.parse_args()
     import qwenc
+    from qwenc.bench import batched_greedy
     from qwenc.formats.demo import demo_model_path
     path = args.model or str(demo_model_path())
     batches = [int(b) for b in args.batch.split(",")]
@@ -69,19 +50,19 @@ def main():
     results = {}
     for mode in args.activations.split(","):
         model = qwenc.load(path, threads=args.threads, activations=mode, context=args.prompt + args.steps + 1)
-        decode(model, prompts[:1], 2)  # warm-up: faults in the weights
+        batched_greedy(model, prompts[:1], 2)  # warm-up: faults in the weights
         rates = {b: [] for b in batches}
         big, batched = max(batches), None
         for rep in range(args.repeats):
             for b in (batches if rep % 2 == 0 else batches[::-1]):
-                seconds, toks = decode(model, prompts[:b], args.steps)
+                seconds, toks = batched_greedy(model, prompts[:b], args.steps)
                 rates[b].append(b * args.steps / seconds)
                 if b == big and batched is None:
                     batched = toks
             if time.perf_counter() - start > args.time_limit:
                 break
         # invariance: each sequence of the largest batch, decoded alone, gets the same tokens
-        same = all(decode(model, [prompts[i]], args.steps)[1][0] == batched[i] for i in range(big))
+        same = all(batched_greedy(model, [prompts[i]], args.steps)[1][0] == batched[i] for i in range(big))
         base = statistics.median(rates[1]) if 1 in rates else None
         results[mode] = (rates, base, same)
         del model

@@ -239,6 +239,18 @@ static void float_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const 
 /* Added where a product has no bias: + 0.0f, as on every path (it turns a -0.0 into +0.0). */
 static const float no_bias[16];
 
+/* A kernel's outputs for act rows m .. m + count - 1 (row i at res + i * ld) and weight rows
+ * g0 .. g0 + rows - 1 (rows <= 16) into Y, each plus its bias. */
+static void put_outputs(const qw_product *p, int64_t m, int64_t count, int64_t g0, int rows, const float *res,
+                        int64_t ld) {
+    const float *b = p->bias ? p->bias + g0 : no_bias;
+    for (int64_t i = 0; i < count; i++) {
+        float *restrict y = p->Y + (m + i) * p->N + g0;
+        const float *restrict s = res + i * ld;
+        for (int r = 0; r < rows; r++) y[r] = s[r] + b[r];
+    }
+}
+
 /* Integer path: rows n0 .. n0 + nb (whole groups of 8 but for the matrix's last rows) against
  * act rows m0 .. m1, QW_R8_MAX_M at a time, all the item's groups for one 16-row block before
  * the next block (which then comes from L2 for every group). Stored weights are repacked into
@@ -270,12 +282,7 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
             const uint8_t *ga = groups + (size_t)((g0 - n0) / 8) * gb;
             pl->amx(ga, rows > 8 ? ga + gb : NULL, K, xq + (size_t)(m0 / 16) * pl->amx_block, pl->amx_block, nblk,
                     amx, res);
-            const float *b = p->bias ? p->bias + g0 : no_bias;
-            for (int64_t i = 0; i < 16 * nblk; i++) {
-                float *restrict y = p->Y + (m0 + i) * p->N + g0;
-                const float *restrict s = res + i * 16;
-                for (int r = 0; r < rows; r++) y[r] = s[r] + b[r];
-            }
+            put_outputs(p, m0, 16 * nblk, g0, rows, res, 16);
         }
         m0 += 16 * nblk;
     }
@@ -288,12 +295,7 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
             int rows = n0 + nb - g0 < 8 ? (int)(n0 + nb - g0) : 8;
             /* m is a multiple of QW_R8_MAX_M, so even: pair m / 2 starts there */
             pl->idot(groups + (size_t)((g0 - n0) / 8) * gb, K, x, xstride, mb, out);
-            const float *b = p->bias ? p->bias + g0 : no_bias;
-            for (int64_t i = 0; i < mb; i++) {
-                float *restrict y = p->Y + (m + i) * p->N + g0;
-                const float *restrict s = out + i * 8;
-                for (int r = 0; r < rows; r++) y[r] = s[r] + b[r];
-            }
+            put_outputs(p, m, mb, g0, rows, out, 8);
         }
     }
 }

@@ -160,19 +160,32 @@ def _timed_decode(model, prompt, n) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def _timed_batch(model, prompts, n) -> float:
-    """tok/s of n steps decoding len(prompts) sequences together (one forward step per token of
-    each), as a batching engine runs its streams: over one shared cache."""
+def batched_greedy(model, prompts, n):
+    """(seconds, tokens): n greedy steps decoding len(prompts) sequences together over one shared
+    cache, as a batching engine runs its streams (one forward step per token of each, the prompts
+    prefilled together untimed); seconds counts the forward steps only, tokens[i] is sequence i's
+    n tokens."""
     from .model import Sequence, StepItem
     tr = model.transformer
     seqs = Sequence.shared(model.config, [len(p) + n + 1 for p in prompts], tr.kv_dtype)
     logits = tr.forward_step([StepItem(s, list(p)) for s, p in zip(seqs, prompts)])
     tokens = [int(np.argmax(r)) for r in logits]
-    t0 = time.perf_counter()
+    out = [[] for _ in prompts]
+    seconds = 0.0
     for _ in range(n):
-        logits = tr.forward_step([StepItem(s, [t]) for s, t in zip(seqs, tokens)])
+        items = [StepItem(s, [t]) for s, t in zip(seqs, tokens)]
+        t0 = time.perf_counter()
+        logits = tr.forward_step(items)
+        seconds += time.perf_counter() - t0
         tokens = [int(np.argmax(r)) for r in logits]
-    return len(prompts) * n / (time.perf_counter() - t0)
+        for o, t in zip(out, tokens):
+            o.append(t)
+    return seconds, out
+
+
+def _timed_batch(model, prompts, n) -> float:
+    """tok/s of batched_greedy's steps."""
+    return len(prompts) * n / batched_greedy(model, prompts, n)[0]
 
 
 def current_rss_bytes() -> int:
