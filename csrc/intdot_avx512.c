@@ -43,15 +43,28 @@ R8_TARGET INLINE void unpack_q8(const uint8_t *codes, __m256i c[8]) {
     for (int s = 0; s < 8; s++) c[s] = _mm256_xor_si256(load32(codes + 32 * s), _mm256_set1_epi8((char)0x80));
 }
 
+/* acc plus the products of step vector c with the 4 act codes at x, broadcast to every row.
+ * The broadcast is the instruction's own memory operand ({1to8}), which compilers do not fold
+ * from the intrinsics: a separate broadcast load per step was a fifth of a one-row loop's
+ * instructions, and that loop is bound by how many instructions the core issues (Zen 4). */
+R8_TARGET INLINE __m256i dpbusd_bcast4(__m256i acc, __m256i c, const int8_t *x) {
+#if defined(QW_SIMDE)
+    return _mm256_dpbusd_epi32(acc, c, bcast4(x));
+#else
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(c), "m"(*(const struct { int8_t b[4]; } *)x));
+    return acc;
+#endif
+}
+
 /* Steps [first, first + n) of the block summed into each row's lane, in two chains (even and odd
  * steps): with one act row, a single chain of dependent vpdpbusd waited on its latency (1.5B
  * int8 decode 35 tok/s, below the AVX2 kernels' 44). */
 R8_TARGET INLINE __m256i dot_steps(const __m256i c[8], const int8_t *x, int first, int n) {
-    __m256i a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c[first], bcast4(x + 4 * first));
-    __m256i b = _mm256_dpbusd_epi32(_mm256_setzero_si256(), c[first + 1], bcast4(x + 4 * first + 4));
+    __m256i a = dpbusd_bcast4(_mm256_setzero_si256(), c[first], x + 4 * first);
+    __m256i b = dpbusd_bcast4(_mm256_setzero_si256(), c[first + 1], x + 4 * first + 4);
     for (int s = first + 2; s < first + n; s += 2) {
-        a = _mm256_dpbusd_epi32(a, c[s], bcast4(x + 4 * s));
-        b = _mm256_dpbusd_epi32(b, c[s + 1], bcast4(x + 4 * s + 4));
+        a = dpbusd_bcast4(a, c[s], x + 4 * s);
+        b = dpbusd_bcast4(b, c[s + 1], x + 4 * s + 4);
     }
     return _mm256_add_epi32(a, b);
 }
