@@ -116,9 +116,11 @@ void qw_pair_act_rows(const uint8_t *a, const uint8_t *b, uint8_t *dst, int64_t 
 #define QW_PREFETCH_FAR 16384
 static inline void qw_prefetch_share(const uint8_t *rec, int rec_bytes, int subs, int j) {
     const int lines = (rec_bytes + 64 * subs - 1) / (64 * subs);
-    const uint8_t *p = rec + QW_PREFETCH_AHEAD + 64 * lines * j;
-    for (int l = 0; l < lines; l++) __builtin_prefetch(p + 64 * l, 0, 3);
-    for (int l = 0; l < lines; l++) __builtin_prefetch(p + (QW_PREFETCH_FAR - QW_PREFETCH_AHEAD) + 64 * l, 0, 2);
+    const uint8_t *share = rec + 64 * lines * j;
+    for (int l = 0; l < lines; l++) {
+        __builtin_prefetch(share + QW_PREFETCH_AHEAD + 64 * l, 0, 3);
+        __builtin_prefetch(share + QW_PREFETCH_FAR + 64 * l, 0, 2);
+    }
 }
 
 /* intdot_avx2.c, intdot_avx512.c: the AVX2 and AVX-512 VNNI products per stored type and act
