@@ -354,6 +354,37 @@ QW_TARGET_AVX2 INLINE void super_scales(const int T, const uint8_t *row, int64_t
     }
 }
 
+/* Where byte `at` of the group's first row lies, counting on into the next groups' rows. */
+INLINE const uint8_t *group_place(const uint8_t *w, size_t stride, int ROWS, int64_t row, int64_t at) {
+    int64_t g = 0;
+    if (at >= 8 * row) /* short rows: a division, not a long loop */
+        g = at / row * ROWS, at %= row;
+    for (; at >= row; at -= row) g += ROWS;
+    return w + (size_t)g * stride + at;
+}
+
+/* A group's ROWS rows (`row` bytes of each read, `stride` bytes apart) are ROWS short streams
+ * read side by side, which the hardware prefetchers cannot get ahead of. Read in that order, the
+ * bytes [off, off + n) of each row are followed by QW_PREFETCH_AHEAD / ROWS more bytes of each
+ * (in the same rows while they last, then in the next groups' rows): those lines are asked into
+ * L1, and the ones QW_PREFETCH_FAR on into L2, as the integer products do with their one stream
+ * (kernels.h). Asking instead for the same place of the next ROWS rows into L1 (and, for the
+ * float types, of the 3 ROWS rows after into L2) put the lines as far ahead as whole rows are
+ * long: past L1 for the long rows of the FFN's down product, while the short rows of others left
+ * L2 little time. On a 2-core Zen 4, the demo's BF16 decode went from 24-28 to 31-46 tok/s
+ * (alternating runs, the bandwidth probe at 34-36 GB/s), its f32-mode decode of the stored
+ * types about the same (median 30.7 -> 32.1). A hint: past the matrix it is dropped. */
+QW_TARGET_AVX2 INLINE void prefetch_group(const uint8_t *w, size_t stride, const int ROWS, int64_t row, int64_t off,
+                                          int64_t n) {
+    const uint8_t *near = group_place(w, stride, ROWS, row, off + QW_PREFETCH_AHEAD / ROWS);
+    const uint8_t *far = group_place(w, stride, ROWS, row, off + QW_PREFETCH_FAR / ROWS);
+    for (int64_t b = 0; b < n; b += 64)
+        for (int r = 0; r < ROWS; r++) {
+            _mm_prefetch((const char *)(near + (size_t)r * stride + b), _MM_HINT_T0);
+            _mm_prefetch((const char *)(far + (size_t)r * stride + b), _MM_HINT_T1);
+        }
+}
+
 /* Chains of ROWS (4 or 1) rows, `stride` bytes apart, over the K values of x. */
 QW_TARGET_AVX2 INLINE void frows(const int T, const int ROWS, const uint8_t *w, size_t stride, const float *x, int64_t K,
                                  qw_fdot_acc *acc) {
@@ -364,11 +395,10 @@ QW_TARGET_AVX2 INLINE void frows(const int T, const int ROWS, const uint8_t *w, 
     const int bb = T == QW_Q4_0 ? 18 : T == QW_Q4_1 ? 20 : T == QW_Q5_0 ? 22 : T == QW_Q5_1 ? 24 : T == QW_Q8_0 ? 34 :
                    T == QW_Q4_K ? 144 : T == QW_Q5_K ? 176 : 210;
     for (int64_t i = 0; i < K / bs; i++) {
-        /* The ROWS rows are ROWS short streams the hardware prefetchers cannot get ahead of: fetch
-         * the same place of the next ROWS rows meanwhile (a hint: past the matrix it is dropped). */
-        for (int r = 0; r < ROWS; r++)
-            for (int off = 0; off < bb; off += 64)
-                _mm_prefetch((const char *)(w + (r + ROWS) * stride + (size_t)i * bb + off), _MM_HINT_T0);
+        { /* the lines that start in this block's bytes (once each where blocks are short) */
+            const int64_t first = (i * bb + 63) / 64, end = ((i + 1) * bb + 63) / 64;
+            if (end > first) prefetch_group(w, stride, ROWS, K / bs * bb, 64 * first, 64 * (end - first));
+        }
         if (kq)
             for (int r = 0; r < ROWS; r++) super_scales(T, w + r * stride, i, dl[r], ml[r]);
         if (T == QW_Q4_K || T == QW_Q5_K) { /* sub-blocks 2c and 2c + 1 share their 32 code bytes */
@@ -414,16 +444,7 @@ QW_TARGET_AVX2 INLINE void frows_float(const int T, const int ROWS, const uint8_
     for (int r = 0; r < ROWS; r++) a[r] = _mm256_loadu_ps(acc[r].lane);
     const int es = T == QW_F32 ? 4 : 2;
     for (int64_t k = 0; k < K8; k += 8) {
-        /* Per 64 bytes of each row, a line of each of the next ROWS rows into L1, and of the ROWS
-         * rows starting 3 ROWS on into L2. With the L1 lines alone, a 2-thread decode of BF16
-         * weights (the demo model's shapes) ran at 75-78% of the bandwidth probe's rate on a
-         * Xeon with 2 MiB of L2 a core; with the L2 lines too, at 82-88% (2 ROWS on: 81%, 5 ROWS
-         * on: 79-81%; one L2 stream 16-128 KiB ahead of the whole group instead: 75-82%). */
-        if ((k * es) % 64 == 0) {
-            for (int r = 0; r < ROWS; r++) _mm_prefetch((const char *)(w + (r + ROWS) * stride + (size_t)k * es), _MM_HINT_T0);
-            for (int r = 0; r < ROWS; r++)
-                _mm_prefetch((const char *)(w + (r + 3 * ROWS) * stride + (size_t)k * es), _MM_HINT_T1);
-        }
+        if ((k * es) % 64 == 0) prefetch_group(w, stride, ROWS, K8 * es, k * es, 64);
         __m256 xv = _mm256_loadu_ps(x + k);
         for (int r = 0; r < ROWS; r++) a[r] = _mm256_fmadd_ps(float_values(T, w + r * stride, k), xv, a[r]);
     }
