@@ -540,15 +540,16 @@ def main():
 
     gbs = None
     if args.repeats > 0:
-        res = compare(args, engines, prompts, ids)
-        gbs = clean_run(args, measure_bandwidth, [])
+        res = compare(args, engines, prompts, ids, lambda: clean_run(args, measure_bandwidth, []))
+        gbs = statistics.median(res["bandwidth"])
         bytes_tok = {e.name: weight_bytes_per_token(e.model if isinstance(e, QwencEngine) else stored)
                      for e in engines}
         report(args, engines, prompts, res, gbs, bytes_tok)
         if args.json:
             out = {"model": args.model, "threads": args.threads, "prompts": prompts, "gen": args.gen,
                    "repeats": args.repeats, "load_before": res["load_before"], "load_after": res["load_after"],
-                   "bandwidth_gbs": gbs, "weight_bytes_per_token": bytes_tok,
+                   "bandwidth_gbs": gbs, "bandwidth_gbs_per_repeat": res["bandwidth"],
+                   "weight_bytes_per_token": bytes_tok,
                    "prefill_tok_s": {f"{n}@{p}": v for (n, p), v in res["prefill"].items()},
                    "decode_tok_s": {f"{n}@{p}": v for (n, p), v in res["decode"].items()},
                    "foreign_cpu_share": {f"{n}@{p}": v for (n, p), v in res["foreign"].items()},
@@ -569,8 +570,11 @@ def main():
         print(f"load average after profiling {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-def compare(args, engines, prompts, ids):
-    """The interleaved runs: tok/s lists per (engine, prompt), and the last greedy tokens."""
+def compare(args, engines, prompts, ids, probe):
+    """The interleaved runs: tok/s lists per (engine, prompt), the last greedy tokens, and the
+    bandwidth probe's GB/s after each repeat. Other tenants of a shared machine load its memory
+    by turns (the probe has read 31 to 60 GB/s within an hour on one machine): a decode's share
+    of the roofline is taken against the probe of its own repeat, not one probe for all."""
     load_before = os.getloadavg()
     # warm-up: every engine once (faults in the mmapped weights, starts the thread pools)
     for e in engines:
@@ -582,6 +586,7 @@ def compare(args, engines, prompts, ids):
     tokens = {}
     fl = ForeignLoad()
     redone = 0
+    bandwidth = []
     for r in range(args.repeats):
         for p in prompts:
             for e in (engines if r % 2 == 0 else engines[::-1]):
@@ -599,8 +604,10 @@ def compare(args, engines, prompts, ids):
                 decode[e.name, p].append(args.gen / s_dec)
                 foreign[e.name, p].append(share)
                 tokens[e.name, p] = [tok] + out
+        bandwidth.append(probe())
         print(f"  repeat {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
     return {"prefill": prefill, "decode": decode, "foreign": foreign, "tokens": tokens, "redone": redone,
+            "bandwidth": bandwidth,
             "load_before": load_before, "load_after": os.getloadavg()}
 
 
@@ -631,11 +638,13 @@ def report(args, engines, prompts, res, gbs, bytes_tok):
 
     # roofline
     print()
-    print(f"read bandwidth {gbs:.1f} GB/s (qwenc.bench.measure_bandwidth, {args.threads} threads, after the runs)")
+    bw = res["bandwidth"]
+    print(f"read bandwidth {gbs:.1f} GB/s, median [{min(bw):.1f}-{max(bw):.1f}] of the probes after each repeat "
+          f"(qwenc.bench.measure_bandwidth, {args.threads} threads); each decode's share against its repeat's probe")
     for n in names:
         roof = gbs * 1e9 / bytes_tok[n]
         shares = ", ".join(
-            f"decode @{p}: {100 * statistics.median(decode[n, p]) / roof:.0f}% "
+            f"decode @{p}: {100 * statistics.median(t * bytes_tok[n] / 1e9 / b for t, b in zip(decode[n, p], bw)):.0f}% "
             f"({statistics.median(decode[n, p]) * bytes_tok[n] / 1e9:.1f} GB/s)" for p in prompts)
         print(f"{n:12} weights {bytes_tok[n] / 1e9:.3f} GB/token -> roofline {roof:.1f} tok/s;  {shares}")
 
