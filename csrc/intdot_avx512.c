@@ -161,6 +161,38 @@ R8_TARGET INLINE __m512i pair_sum(const int T, const int levels, const __m512i C
     return _mm512_add_epi32(_mm512_slli_epi32(ia, 8), dot_steps_pair(sh ? _mm512_slli_epi32(fl, sh) : zero, C, cl, 0, 8));
 }
 
+/* pair_sum of 16-bit rows for two pairs at once (the types without Q6_K's two groups), their 8
+ * chains interleaved step by step: the same integers. Written pair after pair, the 512-bit
+ * vpdpbusd (which shares its two pipes with the float multiplies of the sums' scaling) stayed
+ * further from its rate: on a 2-core Zen 4, 128 act rows against the demo's Q5_0 gate took
+ * 3.32-3.47 ms and 3.17-3.23 interleaved (two threads, alternating), and a 512-token prefill of
+ * the 1.5B (Q4_K gate and up) went from 112-115 to 117-121 tok/s. */
+R8_TARGET INLINE void pair_sum2(const int T, const __m512i C[8], const uint8_t *h1[2], const uint8_t *hl[2], int64_t K,
+                                int64_t b, __m512i out[2]) {
+    const int sh = offset_shift(T);
+    const __m512i zero = _mm512_setzero_si512();
+    const uint8_t *c1[2], *cl[2];
+    __m512i s[2][4];
+    for (int q = 0; q < 2; q++) {
+        const int8_t *x1 = (const int8_t *)h1[q], *xl = (const int8_t *)hl[q];
+        c1[q] = PAIRED(h1[q], x1 + 32 * b);
+        cl[q] = PAIRED(hl[q], xl + 32 * b);
+        const __m512i fl = bcast8(PAIRED(hl[q], ACT_BSUMS(xl, K) + 2 * b));
+        s[q][0] = s[q][1] = s[q][3] = zero;
+        s[q][2] = sh ? _mm512_slli_epi32(fl, sh) : zero;
+    }
+    for (int st = 0; st < 8; st += 2)
+        for (int q = 0; q < 2; q++) {
+            s[q][0] = _mm512_dpbusd_epi32(s[q][0], C[st], bcast8(c1[q] + 8 * st));
+            s[q][1] = _mm512_dpbusd_epi32(s[q][1], C[st + 1], bcast8(c1[q] + 8 * st + 8));
+            s[q][2] = _mm512_dpbusd_epi32(s[q][2], C[st], bcast8(cl[q] + 8 * st));
+            s[q][3] = _mm512_dpbusd_epi32(s[q][3], C[st + 1], bcast8(cl[q] + 8 * st + 8));
+        }
+    for (int q = 0; q < 2; q++)
+        out[q] = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(s[q][0], s[q][1]), 8),
+                                  _mm512_add_epi32(s[q][2], s[q][3]));
+}
+
 /* product() for M act rows as pair rows (pair p at xq + p xstride; when M is odd the last pair's
  * second row is not stored). */
 R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *g, int64_t K, const uint8_t *xq,
@@ -188,8 +220,28 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
             /* unrolled, so that with P a constant (below) each pair's sums stay in registers
              * instead of a stack slot read and written per block (Q4_K int16: +13-26% per
              * product on the Xeon measured) */
+            int64_t p0 = 0;
+            if (levels == 2 && T != QW_Q6_K) {
+#pragma GCC unroll 4
+                for (; p0 + 1 < P; p0 += 2) {
+                    const uint8_t *h1[2], *hl[2];
+                    for (int q = 0; q < 2; q++) {
+                        h1[q] = xq + (size_t)(p0 + q) * xstride;
+                        hl[q] = h1[q] + 2 * half;
+                    }
+                    __m512i ia[2];
+                    pair_sum2(T, C, h1, hl, K, b, ia);
+                    for (int q = 0; q < 2; q++) {
+                        const int8_t *xl = (const int8_t *)hl[q];
+                        const __m512 dx = _mm512_castsi512_ps(bcast8(PAIRED(hl[q], ACT_D(xl, K) + b)));
+                        acc[p0 + q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[q]), _mm512_mul_ps(S16, dx), acc[p0 + q]);
+                        if (has_min)
+                            macc[p0 + q] = _mm512_fmadd_ps(MV16, _mm512_castsi512_ps(bcast8(PAIRED(hl[q], ACT_S(xl, K) + b))), macc[p0 + q]);
+                    }
+                }
+            }
 #pragma GCC unroll 8
-            for (int64_t p = 0; p < P; p++) {
+            for (int64_t p = p0; p < P; p++) {
                 const uint8_t *h1 = xq + (size_t)p * xstride, *hl = h1 + 2 * (size_t)(levels - 1) * half;
                 const int8_t *xl = (const int8_t *)hl; /* the last level: its d and s */
                 __m512i ib = _mm512_setzero_si512(); /* Q6_K's second group */
