@@ -220,7 +220,7 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
             /* unrolled, so that with P a constant (below) each pair's sums stay in registers
              * instead of a stack slot read and written per block (Q4_K int16: +13-26% per
              * product on the Xeon measured) */
-            int64_t p0 = 0;
+            int64_t p0 = 0; /* pairs two at a time where pair_sum2 serves; an odd last one below */
             if (levels == 2 && T != QW_Q6_K) {
 #pragma GCC unroll 4
                 for (; p0 + 1 < P; p0 += 2) {
@@ -235,8 +235,10 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
                         const int8_t *xl = (const int8_t *)hl[q];
                         const __m512 dx = _mm512_castsi512_ps(bcast8(PAIRED(hl[q], ACT_D(xl, K) + b)));
                         acc[p0 + q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[q]), _mm512_mul_ps(S16, dx), acc[p0 + q]);
-                        if (has_min)
-                            macc[p0 + q] = _mm512_fmadd_ps(MV16, _mm512_castsi512_ps(bcast8(PAIRED(hl[q], ACT_S(xl, K) + b))), macc[p0 + q]);
+                        if (has_min) {
+                            const __m512 sx = _mm512_castsi512_ps(bcast8(PAIRED(hl[q], ACT_S(xl, K) + b)));
+                            macc[p0 + q] = _mm512_fmadd_ps(MV16, sx, macc[p0 + q]);
+                        }
                     }
                 }
             }

@@ -369,11 +369,11 @@ INLINE const uint8_t *group_place(const uint8_t *w, size_t stride, int ROWS, int
  * (in the same rows while they last, then in the next groups' rows): those lines are asked into
  * L1, and the ones QW_PREFETCH_FAR on into L2, as the integer products do with their one stream
  * (kernels.h). Asking instead for the same place of the next ROWS rows into L1 (and, for the
- * float types, of the 3 ROWS rows after into L2) put the lines as far ahead as whole rows are
- * long: past L1 for the long rows of the FFN's down product, while the short rows of others left
- * L2 little time. On a 2-core Zen 4, the demo's BF16 decode went from 24-28 to 31-46 tok/s
- * (alternating runs, the bandwidth probe at 34-36 GB/s), its f32-mode decode of the stored
- * types about the same (median 30.7 -> 32.1). A hint: past the matrix it is dropped. */
+ * float types, of the ROWS rows 3 ROWS on into L2) put the lines as far ahead as whole rows are
+ * long: past L1 for the long rows of the FFN's down product. On a 2-core Zen 4, the demo's BF16
+ * decode went from 24.7-28.4 to 30.5-44.5 tok/s (alternating runs, the bandwidth probe at 34-36
+ * GB/s), its f32-mode decode of the stored types about the same (median 30.7 -> 32.1). A hint:
+ * past the matrix it is dropped. */
 QW_TARGET_AVX2 INLINE void prefetch_group(const uint8_t *w, size_t stride, const int ROWS, int64_t row, int64_t off,
                                           int64_t n) {
     const uint8_t *near = group_place(w, stride, ROWS, row, off + QW_PREFETCH_AHEAD / ROWS);
