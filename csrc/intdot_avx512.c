@@ -129,6 +129,40 @@ INLINE int offset_shift(const int T) {
     return T == QW_Q4_0 ? 3 : T == QW_Q5_0 ? 4 : T == QW_Q8_0 ? 7 : T == QW_Q6_K ? 5 : 0;
 }
 
+/* The joined sums (256 I1 + I2, the code offsets taken off as level 2's start) of 16-bit pair
+ * rows for n pairs at once (1 or 2; not Q6_K, whose two groups pair_sum takes), each level in
+ * two chains, the pairs' chains interleaved step by step: the same integers whatever n. Written
+ * pair after pair, the 512-bit vpdpbusd (which shares its two pipes with the float multiplies of
+ * the sums' scaling) stayed further from its rate: on a 2-core Zen 4, 128 act rows against the
+ * demo's Q5_0 gate took 3.32-3.47 ms and 3.17-3.23 with two pairs interleaved (two threads,
+ * alternating), and a 512-token prefill of the 1.5B (Q4_K gate and up) went from 112-115 to
+ * 117-121 tok/s. */
+R8_TARGET INLINE void joined_sums(const int T, const int n, const __m512i C[8], const uint8_t *const h1[],
+                                  const uint8_t *const hl[], int64_t K, int64_t b, __m512i out[]) {
+    const int sh = offset_shift(T);
+    const __m512i zero = _mm512_setzero_si512();
+    const uint8_t *c1[2], *cl[2];
+    __m512i s[2][4];
+    for (int q = 0; q < n; q++) {
+        const int8_t *x1 = (const int8_t *)h1[q], *xl = (const int8_t *)hl[q];
+        c1[q] = PAIRED(h1[q], x1 + 32 * b);
+        cl[q] = PAIRED(hl[q], xl + 32 * b);
+        const __m512i fl = bcast8(PAIRED(hl[q], ACT_BSUMS(xl, K) + 2 * b)); /* the negated sums */
+        s[q][0] = s[q][1] = s[q][3] = zero;
+        s[q][2] = sh ? _mm512_slli_epi32(fl, sh) : zero;
+    }
+    for (int st = 0; st < 8; st += 2)
+        for (int q = 0; q < n; q++) {
+            s[q][0] = _mm512_dpbusd_epi32(s[q][0], C[st], bcast8(c1[q] + 8 * st));
+            s[q][1] = _mm512_dpbusd_epi32(s[q][1], C[st + 1], bcast8(c1[q] + 8 * st + 8));
+            s[q][2] = _mm512_dpbusd_epi32(s[q][2], C[st], bcast8(cl[q] + 8 * st));
+            s[q][3] = _mm512_dpbusd_epi32(s[q][3], C[st + 1], bcast8(cl[q] + 8 * st + 8));
+        }
+    for (int q = 0; q < n; q++)
+        out[q] = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(s[q][0], s[q][1]), 8),
+                                  _mm512_add_epi32(s[q][2], s[q][3]));
+}
+
 /* row_sum for a pair, its level 1 a pair row's half starting at h1 and its last level one at hl.
  * The code offsets come off as the sums' starts, from the pair rows' negated code sums
  * (kernels.h): for 8-bit rows the offset times them (vpmaddwd), for 16-bit rows the joined
@@ -150,47 +184,27 @@ R8_TARGET INLINE __m512i pair_sum(const int T, const int levels, const __m512i C
         }
         return dot_steps_pair(sh ? _mm512_madd_epi16(f1, _mm512_set1_epi16((short)(1 << sh))) : zero, C, c1, 0, 8);
     }
-    const __m512i fl = bcast8(PAIRED(hl, ACT_BSUMS(xl, K) + 2 * b));
     if (T == QW_Q6_K) { /* f1: the low group's joined sum, fl the block's */
+        const __m512i fl = bcast8(PAIRED(hl, ACT_BSUMS(xl, K) + 2 * b));
         const __m512i ia = dot_steps_pair(zero, C, c1, 0, 4), ja = dot_steps_pair(zero, C, c1, 4, 4);
         *ib = _mm512_add_epi32(_mm512_slli_epi32(ja, 8),
                                dot_steps_pair(_mm512_slli_epi32(_mm512_sub_epi32(fl, f1), sh), C, cl, 4, 4));
         return _mm512_add_epi32(_mm512_slli_epi32(ia, 8), dot_steps_pair(_mm512_slli_epi32(f1, sh), C, cl, 0, 4));
     }
-    const __m512i ia = dot_steps_pair(zero, C, c1, 0, 8);
-    return _mm512_add_epi32(_mm512_slli_epi32(ia, 8), dot_steps_pair(sh ? _mm512_slli_epi32(fl, sh) : zero, C, cl, 0, 8));
+    __m512i sum;
+    joined_sums(T, 1, C, &h1, &hl, K, b, &sum);
+    return sum;
 }
 
-/* pair_sum of 16-bit rows for two pairs at once (the types without Q6_K's two groups), their 8
- * chains interleaved step by step: the same integers. Written pair after pair, the 512-bit
- * vpdpbusd (which shares its two pipes with the float multiplies of the sums' scaling) stayed
- * further from its rate: on a 2-core Zen 4, 128 act rows against the demo's Q5_0 gate took
- * 3.32-3.47 ms and 3.17-3.23 interleaved (two threads, alternating), and a 512-token prefill of
- * the 1.5B (Q4_K gate and up) went from 112-115 to 117-121 tok/s. */
-R8_TARGET INLINE void pair_sum2(const int T, const __m512i C[8], const uint8_t *h1[2], const uint8_t *hl[2], int64_t K,
-                                int64_t b, __m512i out[2]) {
-    const int sh = offset_shift(T);
-    const __m512i zero = _mm512_setzero_si512();
-    const uint8_t *c1[2], *cl[2];
-    __m512i s[2][4];
-    for (int q = 0; q < 2; q++) {
-        const int8_t *x1 = (const int8_t *)h1[q], *xl = (const int8_t *)hl[q];
-        c1[q] = PAIRED(h1[q], x1 + 32 * b);
-        cl[q] = PAIRED(hl[q], xl + 32 * b);
-        const __m512i fl = bcast8(PAIRED(hl[q], ACT_BSUMS(xl, K) + 2 * b));
-        s[q][0] = s[q][1] = s[q][3] = zero;
-        s[q][2] = sh ? _mm512_slli_epi32(fl, sh) : zero;
-    }
-    for (int st = 0; st < 8; st += 2)
-        for (int q = 0; q < 2; q++) {
-            s[q][0] = _mm512_dpbusd_epi32(s[q][0], C[st], bcast8(c1[q] + 8 * st));
-            s[q][1] = _mm512_dpbusd_epi32(s[q][1], C[st + 1], bcast8(c1[q] + 8 * st + 8));
-            s[q][2] = _mm512_dpbusd_epi32(s[q][2], C[st], bcast8(cl[q] + 8 * st));
-            s[q][3] = _mm512_dpbusd_epi32(s[q][3], C[st + 1], bcast8(cl[q] + 8 * st + 8));
-        }
-    for (int q = 0; q < 2; q++)
-        out[q] = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(s[q][0], s[q][1]), 8),
-                                  _mm512_add_epi32(s[q][2], s[q][3]));
+/* A pair's block sums into its float sums, hl its last level's pair row: acc + I (S dx) (and
+ * Q6_K's second group's Ib (Sb dx)), the mins' macc + Mv s. */
+R8_TARGET INLINE void scale_into(const int T, __m512i ia, __m512i ib, __m512 S16, __m512 SB16, __m512 MV16,
+                                 const uint8_t *hl, int64_t K, int64_t b, __m512 *acc, __m512 *macc) {
+    const int8_t *xl = (const int8_t *)hl;
+    const __m512 dx = _mm512_castsi512_ps(bcast8(PAIRED(hl, ACT_D(xl, K) + b)));
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_mul_ps(S16, dx), *acc);
+    if (T == QW_Q6_K) *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_mul_ps(SB16, dx), *acc);
+    if (HAS_MIN(T)) *macc = _mm512_fmadd_ps(MV16, _mm512_castsi512_ps(bcast8(PAIRED(hl, ACT_S(xl, K) + b))), *macc);
 }
 
 /* product() for M act rows as pair rows (pair p at xq + p xstride; when M is odd the last pair's
@@ -199,7 +213,6 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
                                     size_t xstride, int64_t M, float *out) {
     const int bs = IS_K(T) ? 256 : 32, subs = bs / 32, levels = BITS == 16 ? 2 : 1;
     const int rb = record_bytes(T);
-    const int has_min = HAS_MIN(T);
     const size_t half = ACT_HALF(K);
     const int64_t P = (M + 1) / 2;
     __m512 acc[QW_R8_MAX_M / 2], macc[QW_R8_MAX_M / 2];
@@ -220,38 +233,24 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
             /* unrolled, so that with P a constant (below) each pair's sums stay in registers
              * instead of a stack slot read and written per block (Q4_K int16: +13-26% per
              * product on the Xeon measured) */
-            int64_t p0 = 0; /* pairs two at a time where pair_sum2 serves; an odd last one below */
-            if (levels == 2 && T != QW_Q6_K) {
+            int64_t p = 0;
+            if (levels == 2 && T != QW_Q6_K) { /* two pairs at a time (joined_sums); an odd last one below */
 #pragma GCC unroll 4
-                for (; p0 + 1 < P; p0 += 2) {
-                    const uint8_t *h1[2], *hl[2];
-                    for (int q = 0; q < 2; q++) {
-                        h1[q] = xq + (size_t)(p0 + q) * xstride;
-                        hl[q] = h1[q] + 2 * half;
-                    }
+                for (; p + 1 < P; p += 2) {
+                    const uint8_t *h1[2] = {xq + (size_t)p * xstride, xq + (size_t)(p + 1) * xstride};
+                    const uint8_t *hl[2] = {h1[0] + 2 * half, h1[1] + 2 * half};
                     __m512i ia[2];
-                    pair_sum2(T, C, h1, hl, K, b, ia);
-                    for (int q = 0; q < 2; q++) {
-                        const int8_t *xl = (const int8_t *)hl[q];
-                        const __m512 dx = _mm512_castsi512_ps(bcast8(PAIRED(hl[q], ACT_D(xl, K) + b)));
-                        acc[p0 + q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[q]), _mm512_mul_ps(S16, dx), acc[p0 + q]);
-                        if (has_min) {
-                            const __m512 sx = _mm512_castsi512_ps(bcast8(PAIRED(hl[q], ACT_S(xl, K) + b)));
-                            macc[p0 + q] = _mm512_fmadd_ps(MV16, sx, macc[p0 + q]);
-                        }
-                    }
+                    joined_sums(T, 2, C, h1, hl, K, b, ia);
+                    for (int q = 0; q < 2; q++)
+                        scale_into(T, ia[q], _mm512_setzero_si512(), S16, SB16, MV16, hl[q], K, b, &acc[p + q], &macc[p + q]);
                 }
             }
 #pragma GCC unroll 8
-            for (int64_t p = p0; p < P; p++) {
+            for (; p < P; p++) {
                 const uint8_t *h1 = xq + (size_t)p * xstride, *hl = h1 + 2 * (size_t)(levels - 1) * half;
-                const int8_t *xl = (const int8_t *)hl; /* the last level: its d and s */
                 __m512i ib = _mm512_setzero_si512(); /* Q6_K's second group */
                 const __m512i ia = pair_sum(T, levels, C, h1, hl, K, b, &ib);
-                const __m512 dx = _mm512_castsi512_ps(bcast8(PAIRED(hl, ACT_D(xl, K) + b)));
-                acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_mul_ps(S16, dx), acc[p]);
-                if (T == QW_Q6_K) acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_mul_ps(SB16, dx), acc[p]);
-                if (has_min) macc[p] = _mm512_fmadd_ps(MV16, _mm512_castsi512_ps(bcast8(PAIRED(hl, ACT_S(xl, K) + b))), macc[p]);
+                scale_into(T, ia, ib, S16, SB16, MV16, hl, K, b, &acc[p], &macc[p]);
             }
         }
     }
