@@ -13,6 +13,12 @@ void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D,
  * the reference does, then cos/sin in double. */
 void qw_rope(float *x, int64_t T, int64_t H, int64_t hd, const int64_t *pos, const float *inv_freq);
 
+/* qw_rope in two halves, for a step that rotates many heads at the same positions: the cos and
+ * sin of every (row, frequency) once, cs [T, hd] (cos then sin per row), then x rotated with
+ * them. The same values as qw_rope's. */
+void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float *cs);
+void qw_rope_apply(float *x, int64_t T, int64_t H, int64_t hd, const float *cs);
+
 /* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias gate. */
 void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out);
 
