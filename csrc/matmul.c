@@ -73,8 +73,8 @@ static const uint8_t *quantize_rows(int bits, const float *X, int64_t M, int64_t
     else
         act_buf = out;
     int failed = 0;
-    /* on both threads from two pairs: a batched decode step's 8 rows were quantized on one
-     * thread while the other waited */
+    /* on every thread from two pairs (three rows) up: a batched decode step's 8 rows were
+     * quantized on one thread while the other waited */
 #pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (P >= 2)
     for (int64_t p = 0; p < P; p++) {
         uint8_t *a = out + (size_t)(2 * p) * act;

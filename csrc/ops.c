@@ -7,8 +7,8 @@
 #include "vecmath.h"
 
 void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) {
-/* split from a few thousand values (a batched decode step's rows): each row's sum is one chain of
- * dependent double adds, about 1 ns a value */
+    /* split from a few thousand values (a batched decode step's rows): each row's sum is one
+     * chain of dependent double adds, about 1 ns a value */
 #pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (M >= 2 && M * D >= 4096)
     for (int64_t r = 0; r < M; r++) {
         const float *xr = x + r * D;
@@ -96,8 +96,8 @@ void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out) {
     void (*f)(const float *, const float *, int64_t, float *) = silu_mul_plain;
 #endif
     int64_t chunks = (n + SILU_CHUNK - 1) / SILU_CHUNK;
-/* from 4 chunks: a batched decode step's 8 rows of the demo's 4,864 (38,912 values) took about
- * 14 us on one thread while the other waited */
+    /* from 4 chunks: a batched decode step's 8 rows of the demo's 4,864 (38,912 values) took
+     * about 20 us on one thread while the other waited */
 #pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (chunks >= 4)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t i0 = c * SILU_CHUNK, len = n - i0 < SILU_CHUNK ? n - i0 : SILU_CHUNK;
