@@ -20,24 +20,6 @@ void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D,
     }
 }
 
-void qw_rope(float *x, int64_t T, int64_t H, int64_t hd, const int64_t *pos, const float *inv_freq) {
-    int64_t half = hd / 2;
-#pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (T * H * hd > 65536)
-    for (int64_t t = 0; t < T; t++) {
-        float p = (float)pos[t];
-        for (int64_t i = 0; i < half; i++) {
-            float angle = p * inv_freq[i];
-            float c = (float)cos((double)angle), s = (float)sin((double)angle);
-            for (int64_t h = 0; h < H; h++) {
-                float *v = x + (t * H + h) * hd;
-                float a = v[i], b = v[i + half];
-                v[i] = a * c - b * s;
-                v[i + half] = b * c + a * s;
-            }
-        }
-    }
-}
-
 void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float *cs) {
     int64_t half = hd / 2;
     for (int64_t t = 0; t < T; t++) {

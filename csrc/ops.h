@@ -8,14 +8,11 @@
  * does not depend on the order of accumulation. out may alias x. */
 void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out);
 
-/* Rotary embedding in place on x[T, H, hd] ("rotate_half" pairing: element i with i + hd/2).
- * Token t is at position pos[t]; the angle of pair i is float32(pos * inv_freq[i]), rounded as
- * the reference does, then cos/sin in double. */
-void qw_rope(float *x, int64_t T, int64_t H, int64_t hd, const int64_t *pos, const float *inv_freq);
-
-/* qw_rope in two halves, for a step that rotates many heads at the same positions: the cos and
- * sin of every (row, frequency) once, cs [T, hd] (cos then sin per row), then x rotated with
- * them. The same values as qw_rope's. */
+/* Rotary embedding in place on x[T, H, hd] ("rotate_half" pairing: element i with i + hd/2), in
+ * two halves, so that a step rotating many heads at the same positions (every layer's q and k)
+ * takes their cos and sin once. qw_rope_table: for token t at position pos[t], the angle of pair
+ * i is float32(pos * inv_freq[i]), rounded as the reference does, then cos/sin in double, into
+ * cs[T, hd] (the hd / 2 cosines, then the sines, per row). qw_rope_apply: x rotated with them. */
 void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float *cs);
 void qw_rope_apply(float *x, int64_t T, int64_t H, int64_t hd, const float *cs);
 

@@ -49,7 +49,8 @@ cdef extern from "matmul.h":
 
 cdef extern from "ops.h":
     void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) nogil
-    void qw_rope(float *x, int64_t T, int64_t H, int64_t hd, const int64_t *pos, const float *inv_freq) nogil
+    void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float *cs) nogil
+    void qw_rope_apply(float *x, int64_t T, int64_t H, int64_t hd, const float *cs) nogil
     void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out) nogil
     void qw_softmax(float *x, int64_t M, int64_t n) nogil
     int qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T, float *out) nogil
@@ -372,8 +373,10 @@ def rope(float[:, :, ::1] x, const int64_t[::1] pos, const float[::1] inv_freq):
         raise ValueError("rope shape mismatch")
     if T == 0:
         return
+    cdef float[:, ::1] cs = np.empty((T, hd), np.float32)
     with nogil:
-        qw_rope(&x[0, 0, 0], T, H, hd, &pos[0], &inv_freq[0])
+        qw_rope_table(T, hd, &pos[0], &inv_freq[0], &cs[0, 0])
+        qw_rope_apply(&x[0, 0, 0], T, H, hd, &cs[0, 0])
 
 
 def silu_mul(const float[::1] gate, const float[::1] up, float[::1] out):
