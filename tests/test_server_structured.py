@@ -176,29 +176,59 @@ def test_tool_choice_none_never_calls(client, live):
     assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason != "tool_calls"
 
 
-def test_real_model_tool_round_trip(demo_gguf):
+@pytest.fixture(scope="module")
+def demo_live(demo_gguf):
+    srv = LiveServer(qwenc.load(demo_gguf, context=2048), max_batch=2, kv_memory="128MiB")
+    yield srv
+    srv.close()
+
+
+def test_real_model_tool_round_trip(demo_live):
     """The model calls a function, the test returns its result, the model answers with it."""
-    model = qwenc.load(demo_gguf, context=2048)
-    srv = LiveServer(model, max_batch=2, kv_memory="128MiB")
-    try:
-        client = srv.client()
-        msgs = [{"role": "user", "content": "What is the weather in Paris right now? Use the tool."}]
-        first = client.chat.completions.create(model=srv.model_name, messages=msgs, tools=[WEATHER],
-                                               tool_choice="required", parallel_tool_calls=False,
-                                               max_tokens=100, temperature=0)
-        c = first.choices[0]
-        assert c.finish_reason == "tool_calls"
-        call = c.message.tool_calls[0]
+    client = demo_live.client()
+    msgs = [{"role": "user", "content": "What is the weather in Paris right now? Use the tool."}]
+    first = client.chat.completions.create(model=demo_live.model_name, messages=msgs, tools=[WEATHER],
+                                           tool_choice="required", parallel_tool_calls=False,
+                                           max_tokens=100, temperature=0)
+    c = first.choices[0]
+    assert c.finish_reason == "tool_calls"
+    call = c.message.tool_calls[0]
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and "paris" in args["city"].lower()
+    msgs.append({"role": "assistant", "content": c.message.content,
+                 "tool_calls": [{"id": call.id, "type": "function",
+                                 "function": {"name": call.function.name, "arguments": call.function.arguments}}]})
+    msgs.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp": 17, "unit": args["unit"],
+                                                                                 "sky": "light rain"})})
+    answer = client.chat.completions.create(model=demo_live.model_name, messages=msgs, tools=[WEATHER],
+                                            max_tokens=80, temperature=0)
+    text = answer.choices[0].message.content
+    assert answer.choices[0].finish_reason == "stop" and "17" in text, text
+
+
+def test_real_model_untagged_calls_are_calls(demo_live):
+    """With tool_choice auto the demo model (Qwen2.5-Coder) writes its call as a bare JSON object,
+    without the <tool_call> tags: it must still arrive as tool_calls, whole and streamed, and a
+    question the tool does not fit must still get text."""
+    client = demo_live.client()
+    for city in ("Paris", "Tokyo"):
+        msgs = [{"role": "user", "content": f"What's the weather like in {city} right now?"}]
+        r = client.chat.completions.create(model=demo_live.model_name, messages=msgs, tools=[WEATHER],
+                                           max_tokens=60, temperature=0)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and not c.message.content, c
+        (call,) = c.message.tool_calls
         args = json.loads(call.function.arguments)
-        assert call.function.name == "get_weather" and "paris" in args["city"].lower()
-        msgs.append({"role": "assistant", "content": c.message.content,
-                     "tool_calls": [{"id": call.id, "type": "function",
-                                     "function": {"name": call.function.name, "arguments": call.function.arguments}}]})
-        msgs.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp": 17, "unit": args["unit"],
-                                                                                     "sky": "light rain"})})
-        answer = client.chat.completions.create(model=srv.model_name, messages=msgs, tools=[WEATHER],
-                                                max_tokens=80, temperature=0)
-        text = answer.choices[0].message.content
-        assert answer.choices[0].finish_reason == "stop" and "17" in text, text
-    finally:
-        srv.close()
+        jsonschema.validate(args, WEATHER["function"]["parameters"])
+        assert call.function.name == "get_weather" and city.lower() in args["city"].lower()
+        chunks = list(client.chat.completions.create(model=demo_live.model_name, messages=msgs, tools=[WEATHER],
+                                                     max_tokens=60, temperature=0, stream=True))
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        streamed = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or ())]
+        assert not text and streamed[0].function.name == "get_weather"
+        assert "".join(tc.function.arguments or "" for tc in streamed) == call.function.arguments
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+    r = client.chat.completions.create(model=demo_live.model_name, tools=[WEATHER], max_tokens=30, temperature=0,
+                                       messages=[{"role": "user", "content": "Write a haiku about the sea."}])
+    assert r.choices[0].finish_reason in ("stop", "length") and r.choices[0].message.content
+    assert not r.choices[0].message.tool_calls

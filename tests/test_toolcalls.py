@@ -202,6 +202,70 @@ def test_a_wrong_reader_fails_the_split_test():
         json.loads(naive)
 
 
+# ---------------------------------------------------------------- untagged (bare) calls
+
+KNOWN = {"get_weather", "f"}
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+# (reply, expected content, expected calls), read with the functions KNOWN
+BARE_CASES = {
+    "bare object": (BARE, None, [call("get_weather", W, 0)]),
+    "spaces and newlines around": ("\n  " + BARE + "\n", None, [call("get_weather", W, 0)]),
+    "json fence": ("```json\n" + BARE + "\n```", None, [call("get_weather", W, 0)]),
+    "plain fence, text after it is none": ("```\n" + BARE + "\n```\n", None, [call("get_weather", W, 0)]),
+    "fence left open": ("```json\n" + BARE + "\n", None, [call("get_weather", W, 0)]),
+    "a list of calls": ('[{"name": "f", "arguments": {}}, ' + BARE + "]", None,
+                        [call("f", {}, 0), call("get_weather", W, 1)]),
+    "one object per line": ('{"name": "f", "arguments": {"a": 1}}\n' + BARE, None,
+                            [call("f", {"a": 1}, 0), call("get_weather", W, 1)]),
+    "markup inside strings": ('{"name": "f", "arguments": ' + json.dumps(TRICKY) + "}", None,
+                              [call("f", TRICKY, 0)]),
+    "unknown name": ('{"name": "rm", "arguments": {}}', '{"name": "rm", "arguments": {}}', []),
+    "not a call": ('{"city": "Paris"}', '{"city": "Paris"}', []),
+    "text after": (BARE + " is what I would call.", BARE + " is what I would call.", []),
+    "text before": ("Call: " + BARE, "Call: " + BARE, []),
+    "one good one bad": (BARE + '\n{"name": "nope"}', BARE + '\n{"name": "nope"}', []),
+    "empty list": ("[]", "[]", []),
+    "other fence": ("```python\nprint(1)\n```", "```python\nprint(1)\n```", []),
+    "cut off": ('{"name": "f", "argu', '{"name": "f", "argu', []),
+    "a tagged call still reads": ("  " + block("f", {}), None, [call("f", {}, 0)]),
+    "lone backticks": ("`x` and ``", "`x` and ``", []),
+}
+
+
+@pytest.mark.parametrize("name", BARE_CASES)
+def test_bare_calls(name):
+    text, content, calls = BARE_CASES[name]
+    assert parse_tool_calls(text, known_names=KNOWN, id_factory=ids()) == (content, calls)
+    for cut in range(len(text) + 1):
+        got = assemble(stream([text[:cut], text[cut:]], known_names=KNOWN))
+        assert ((got[0] or None), got[1]) == ((content or None), calls), cut
+    if len(text) <= 70:
+        for i in range(len(text) + 1):
+            for j in range(i, len(text) + 1):
+                got = assemble(stream([text[:i], text[i:j], text[j:]], known_names=KNOWN))
+                assert ((got[0] or None), got[1]) == ((content or None), calls), (i, j)
+
+
+def test_bare_calls_need_declared_functions():
+    """Without the request's functions, a bare object is only text (any JSON answer would do)."""
+    assert parse_tool_calls(BARE) == (BARE, [])
+    assert parse_tool_calls(BARE, known_names=set()) == (BARE, [])
+
+
+def test_a_reply_that_cannot_be_bare_calls_streams_at_once():
+    """Only a reply that may still be bare calls is held: text is released as it comes, and a
+    JSON answer as soon as its first object is not a call."""
+    s = ToolCallStream(known_names=KNOWN, id_factory=ids())
+    assert s.push("Sunny") == [{"content": "Sunny"}]
+    s = ToolCallStream(known_names=KNOWN, id_factory=ids())
+    assert s.push('{"temp": ') == []
+    assert s.push('21} and') == [{"content": '{"temp": 21} and'}]
+    s = ToolCallStream(known_names=KNOWN, id_factory=ids())
+    assert s.push(BARE) == [] and s.push("\n") == []
+    deltas = s.finish()
+    assert assemble(deltas) == ("", [call("get_weather", W, 0)])
+
+
 # ---------------------------------------------------------------- reasoning
 
 REASONING = {

@@ -25,6 +25,14 @@ leaks; whatever the pieces, the deltas add up to what `parse_tool_calls` gives f
 A call is released only when its block has closed, since until then it may still turn out to be
 malformed, i.e. text.
 
+Bare calls: Qwen2.5-Coder (the demo model among them) often answers a request with tools by writing
+the call object without the tags, alone or in a ```json fence, one object per call or a list of
+them. When the functions are known (a request with tools), a reply that is nothing but such calls,
+every one naming a declared function, is read as those calls; any other text, an unknown name or a
+malformed object and the reply is content, as written. So that such a reply never streams out as
+text first, a reply starting with `{`, `[` or a fence is held until it is decided: released as
+soon as it can no longer be a bare call, else at its end.
+
 `ReplyParser` chains the thinking split (qwenc.text.reasoning) and the tool-call reader: the
 assistant message of an OpenAI chat completion, whole or as deltas.
 
@@ -159,6 +167,111 @@ class _Block:
         return self.text[self.end + len(CALL_END):]
 
 
+_FENCE = "```"
+
+
+def _calls_of_value(value_text, known_names):
+    """The calls of one bare JSON value (an object, or a non-empty list of objects), or None."""
+    try:
+        value = json.loads(value_text)
+    except ValueError:
+        return None
+    items = value if isinstance(value, list) else [value]
+    calls = []
+    for item in items:
+        call = _as_call(json.dumps(item), known_names) if isinstance(item, dict) else None
+        if call is None:
+            return None
+        calls.append(call)
+    return calls or None
+
+
+class _BareReply:
+    """Reads a whole reply as bare calls (see the module's doc), one character at a time:
+    verdict turns False as soon as the text can no longer be one; accepted() says, at the end,
+    whether it is one."""
+
+    def __init__(self, known_names):
+        self.known_names = known_names
+        self.text = ""
+        self.pos = 0
+        self.phase = "lead"      # lead -> (info ->) between <-> value -> (after)
+        self.fenced = False
+        self.depth = 0
+        self.in_string = self.escape = False
+        self.value_start = 0
+        self.calls = []
+        self.verdict = None      # None: may still be bare calls; False: is not
+
+    def feed(self, text):
+        self.text += text
+        t = self.text
+        while self.verdict is None and self.pos < len(t):
+            c = t[self.pos]
+            if self.phase == "value":
+                self._value_char(c)
+                continue
+            if self.phase == "info":  # the fence's language word, up to its newline
+                if c == "\n":
+                    self.phase = "between"
+                elif not (c.isalnum() or c in " \t\r"):
+                    self.verdict = False
+                self.pos += 1
+                continue
+            if c in _WS:
+                self.pos += 1
+                continue
+            if self.phase == "after" or (c == "`" and self.phase == "between" and not self.fenced):
+                self.verdict = False
+            elif c == "`" and self.phase in ("lead", "between"):
+                rest = t[self.pos:self.pos + len(_FENCE)]
+                if len(rest) < len(_FENCE):
+                    if not _FENCE.startswith(rest):
+                        self.verdict = False
+                    return  # wait for the rest of the fence
+                if rest != _FENCE:
+                    self.verdict = False
+                    return
+                self.pos += len(_FENCE)
+                if self.phase == "lead":
+                    self.phase, self.fenced = "info", True
+                else:
+                    self.phase = "after"
+            elif c in "{[":
+                self.phase, self.depth, self.value_start = "value", 0, self.pos
+            else:
+                self.verdict = False
+
+    def _value_char(self, c):
+        self.pos += 1
+        if self.in_string:
+            if self.escape:
+                self.escape = False
+            elif c == "\\":
+                self.escape = True
+            elif c == '"':
+                self.in_string = False
+            return
+        if c == '"':
+            self.in_string = True
+        elif c in "{[":
+            self.depth += 1
+        elif c in "}]":
+            self.depth -= 1
+            if self.depth == 0:
+                calls = _calls_of_value(self.text[self.value_start:self.pos], self.known_names)
+                if calls is None:
+                    self.verdict = False
+                else:
+                    self.calls += calls
+                    self.phase = "between"
+
+    def accepted(self):
+        """At the reply's end: it was bare calls and nothing else (a fence left open is allowed:
+        the calls in it are whole)."""
+        return self.verdict is None and self.phase in ("between", "after") and bool(self.calls)
+
+
 class ToolCallStream:
     """Feed reply text with push(); call finish() at the end. Both return lists of deltas."""
 
@@ -172,6 +285,8 @@ class ToolCallStream:
         self._ws_by_call = False  # a call came during that whitespace: it is dropped at the end
         self._block = None
         self._finished = False
+        # a reply with declared functions may be bare calls: held until that is decided
+        self._bare = _BareReply(self.known_names) if self.known_names else None
 
     @property
     def content(self):
@@ -220,6 +335,16 @@ class ToolCallStream:
             out.append({"content": text})
 
     def _run(self, text, out, final):
+        if self._bare is not None:
+            self._bare.feed(text)
+            if self._bare.verdict is None and not final:
+                return
+            bare, self._bare = self._bare, None
+            if final and bare.accepted():
+                for name, arguments in bare.calls:
+                    self._add_call(out, name, arguments)
+                return
+            text = bare.text  # not bare calls: read as any reply
         pending = text
         while True:
             if self._block is not None:
@@ -259,7 +384,9 @@ class ToolCallStream:
             self._release(out, raw)
             self._ws = ""
             return
-        name, arguments = call
+        self._add_call(out, *call)
+
+    def _add_call(self, out, name, arguments):
         self._ws_by_call = True
         index, call_id = len(self.calls), self.id_factory()
         self.calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
