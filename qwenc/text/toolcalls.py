@@ -85,6 +85,34 @@ def _as_call(body: str, known_names):
     return name, json.dumps(args, ensure_ascii=False)
 
 
+class _JsonScan:
+    """Where a JSON value ends, read one character at a time: nesting, and strings (escapes
+    included), whose brackets do not count."""
+
+    def __init__(self):
+        self.depth = 0
+        self.in_string = self.escape = False
+
+    def step(self, c: str) -> bool:
+        """True when c closes the value."""
+        if self.in_string:
+            if self.escape:
+                self.escape = False
+            elif c == "\\":
+                self.escape = True
+            elif c == '"':
+                self.in_string = False
+            return False
+        if c == '"':
+            self.in_string = True
+        elif c in "{[":
+            self.depth += 1
+        elif c in "}]":
+            self.depth -= 1
+            return self.depth == 0
+        return False
+
+
 class _Block:
     """Scans one block's body (the text after <tool_call>) as it arrives."""
 
@@ -92,8 +120,7 @@ class _Block:
         self.text = ""
         self.pos = 0
         self.phase = "lead"      # lead -> object -> tail -> done | bad
-        self.depth = 0
-        self.in_string = self.escape = False
+        self.scan = _JsonScan()
         self.obj_start = self.obj_end = None
         self.end = None          # index in text where CALL_END starts (done) / is searched (bad)
         self.search_from = 0
@@ -109,28 +136,12 @@ class _Block:
                     continue
                 if c != "{":
                     return self._bad(self.pos)
-                self.phase, self.depth, self.obj_start = "object", 1, self.pos
-                self.pos += 1
-                continue
+                self.phase, self.obj_start = "object", self.pos
             if self.phase == "object":
                 self.pos += 1
-                if self.in_string:
-                    if self.escape:
-                        self.escape = False
-                    elif c == "\\":
-                        self.escape = True
-                    elif c == '"':
-                        self.in_string = False
-                    continue
-                if c == '"':
-                    self.in_string = True
-                elif c in "{[":
-                    self.depth += 1
-                elif c in "}]":
-                    self.depth -= 1
-                    if self.depth == 0:
-                        self.phase, self.obj_end = "tail", self.pos
-                elif c == "<":  # never JSON outside a string: the object is broken
+                if self.scan.step(c):
+                    self.phase, self.obj_end = "tail", self.pos
+                elif c == "<" and not self.scan.in_string:  # never JSON outside a string: broken
                     return self._bad(self.pos - 1)
                 continue
             # tail: whitespace, then </tool_call>
@@ -197,8 +208,7 @@ class _BareReply:
         self.pos = 0
         self.phase = "lead"      # lead -> (info ->) between <-> value -> (after)
         self.fenced = False
-        self.depth = 0
-        self.in_string = self.escape = False
+        self.scan = None
         self.value_start = 0
         self.calls = []
         self.verdict = None      # None: may still be bare calls; False: is not
@@ -238,33 +248,19 @@ class _BareReply:
                 else:
                     self.phase = "after"
             elif c in "{[":
-                self.phase, self.depth, self.value_start = "value", 0, self.pos
+                self.phase, self.scan, self.value_start = "value", _JsonScan(), self.pos
             else:
                 self.verdict = False
 
     def _value_char(self, c):
         self.pos += 1
-        if self.in_string:
-            if self.escape:
-                self.escape = False
-            elif c == "\\":
-                self.escape = True
-            elif c == '"':
-                self.in_string = False
-            return
-        if c == '"':
-            self.in_string = True
-        elif c in "{[":
-            self.depth += 1
-        elif c in "}]":
-            self.depth -= 1
-            if self.depth == 0:
-                calls = _calls_of_value(self.text[self.value_start:self.pos], self.known_names)
-                if calls is None:
-                    self.verdict = False
-                else:
-                    self.calls += calls
-                    self.phase = "between"
+        if self.scan.step(c):
+            calls = _calls_of_value(self.text[self.value_start:self.pos], self.known_names)
+            if calls is None:
+                self.verdict = False
+            else:
+                self.calls += calls
+                self.phase = "between"
 
     def accepted(self):
         """At the reply's end: it was bare calls and nothing else (a fence left open is allowed:
