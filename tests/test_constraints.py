@@ -594,6 +594,28 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 CLOCK = {"type": "function", "function": {"name": "now", "parameters": {}}}
 
 
+def test_a_forced_call_may_end_after_a_newline(info, tok):
+    """tool_choice "required": the reply may end after its call, or after one newline (where
+    Qwen2.5-Coder ends: with the newline allowed only before another call, the demo model was made
+    to call again and again until max_tokens); after that newline only another call (parallel
+    calls) or the end, never text."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    start, text_id, nl = tok.token_to_id("<tool_call>"), tok.encode("Sure")[0], tok.encode("\n")[0]
+    for parallel in (True, False):
+        spec = C.tool_call_constraint([WEATHER, CLOCK], "required", parallel, info)
+        ids, eos = walk(info, tok, spec, call + "\n")
+        assert eos[-1] and eos[-2] and not any(eos[:-2])  # the end after the call and after the newline
+        m = C.compile_constraint(info, spec).matcher()
+        for t in ids:
+            m.accept(t)
+        allowed = set(m.allowed_tokens().tolist())
+        assert text_id not in allowed and nl not in allowed
+        assert (start in allowed) == parallel
+    ids, eos = walk(info, tok, C.tool_call_constraint([WEATHER, CLOCK], "required", True, info),
+                    call + "\n" + call.replace("get_weather", "now").replace('{"city": "Paris"}', "{}"))
+    assert eos[-1]
+
+
 def test_chat_response_format(model):
     messages = [{"role": "user", "content": "Describe a person as JSON."}]
     for seed in range(3):
