@@ -43,7 +43,14 @@ def _gguf_parts(path: Path):
     if "tokenizer.ggml.tokens" in gf.metadata:
         tokenizer = Tokenizer.from_gguf_metadata(gf.metadata, source=f"{path} (tokenizer metadata)")
     template = ChatTemplate.from_gguf_metadata(gf.metadata, origin=f"{path} (tokenizer.chat_template)")
-    return cfg, tensors, tokenizer, {}, template
+    gen = {}
+    # A GGUF keeps one end token (<|im_end|> for Qwen's chat models); their generation_config.json
+    # ends generation at <|endoftext|> too, as llama.cpp does. The demo model writes it after a
+    # tool call, and without it as an end went on past it in text.
+    end_of_text = tokenizer.token_to_id("<|endoftext|>") if tokenizer is not None else None
+    if end_of_text is not None:
+        gen["eos_token_id"] = [end_of_text]
+    return cfg, tensors, tokenizer, gen, template
 
 
 # The arithmetic on block-quantized weights when none is asked for (the CLI uses it too).

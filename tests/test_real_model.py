@@ -302,3 +302,23 @@ def test_falsifiers_fail_the_thresholds(demo_gguf, breakage, long_window, ref_lo
     q.add(*compare_logits(ref_logits(long_window)[:n], model.logits(ids, all_positions=True), model.n_vocab))
     print(f"\n{breakage.__name__}: {q}")
     assert not q.passes(MIN_AGREEMENT, MAX_KL), f"{breakage.__name__} went unnoticed: {q}"
+
+
+def test_generation_ends_at_endoftext_as_well(ours):
+    """The GGUF names one end token, <|im_end|>; the model's generation_config.json (and
+    llama.cpp) end at <|endoftext|> too, which the demo model writes after a tool call: it must
+    end the reply there instead of text running on past it."""
+    tok = ours.tokenizer
+    im_end, end_of_text = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+    assert set(ours.eos_token_ids) == {im_end, end_of_text}
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What's the weather like in Paris right now?"}],
+                                     True, [weather])
+    prompt += '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    ids = tok.encode(prompt)
+    assert int(np.argmax(ours.logits(ids))) == end_of_text  # what the model writes next
+    gen = ours.generate_tokens(ids, max_tokens=20, temperature=0)
+    with pytest.raises(StopIteration) as end:
+        next(gen)
+    assert end.value.value == "stop"
