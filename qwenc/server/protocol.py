@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_N = 16                # completions per request
 MAX_STOP = 16             # stop strings per request
@@ -127,6 +127,15 @@ class Message(_Body):
     tool_calls: Optional[List[ToolCall]] = None
     tool_call_id: Optional[str] = None
     reasoning_content: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _has_content(self):
+        """Only an assistant message with tool calls may come without content (as in OpenAI's
+        API): the templates write the content as text, and a null one failed there."""
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            needs = "content or tool_calls" if self.role == "assistant" else "content (a string or text parts)"
+            raise ValueError(f"{self.role} messages need {needs}")
+        return self
 
     def text(self) -> Optional[str]:
         """The content as one string: text parts joined; other part types refused."""
