@@ -28,7 +28,8 @@ malformed, i.e. text.
 Bare calls: Qwen2.5-Coder (the demo model among them) often answers a request with tools by writing
 the call object without the tags, alone or in a ```json fence, one object per call or a list of
 them. When the functions are known (a request with tools), a reply that is nothing but such calls,
-every one naming a declared function, is read as those calls; any other text, an unknown name or a
+every one a name of a declared function and its arguments ("arguments" or "parameters") and no
+other key, is read as those calls; any other text, an unknown name or a
 malformed object and the reply is content, as written. So that such a reply never streams out as
 text first, a reply starting with `{`, `[` or a fence is held until it is decided: released as
 soon as it can no longer be a bare call, else at its end.
@@ -181,8 +182,14 @@ class _Block:
 _FENCE = "```"
 
 
+_BARE_KEYS = {"name", "arguments", "parameters"}
+
+
 def _calls_of_value(value_text, known_names):
-    """The calls of one bare JSON value (an object, or a non-empty list of objects), or None."""
+    """The calls of one bare JSON value (an object, or a non-empty list of objects), or None.
+    Without the tags, an object is a call only when it holds a name and its arguments and
+    nothing else: {"name": "get_weather", "description": ...} describes a function, it does not
+    call it."""
     try:
         value = json.loads(value_text)
     except ValueError:
@@ -190,7 +197,8 @@ def _calls_of_value(value_text, known_names):
     items = value if isinstance(value, list) else [value]
     calls = []
     for item in items:
-        call = _as_call(json.dumps(item), known_names) if isinstance(item, dict) else None
+        whole = isinstance(item, dict) and set(item) <= _BARE_KEYS and len(item) == 2
+        call = _as_call(json.dumps(item), known_names) if whole else None
         if call is None:
             return None
         calls.append(call)
