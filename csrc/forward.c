@@ -3,8 +3,6 @@
 #include "attention.h"
 #include "ops.h"
 
-#include <stdlib.h>
-
 /* x += y over n values, as numpy's float32 add does it. */
 static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
@@ -15,36 +13,30 @@ int qw_forward_layers(const qw_stack *s, const qw_layer *layers, int n, int64_t 
     const int64_t D = s->hidden, hd = s->head_dim, H = s->heads, Hkv = s->kv_heads;
     /* every layer rotates at the same positions: their cos and sin once per step, not twice per
      * layer (the sin and cos calls were 0.4% of a 128-token prefill of the demo) */
-    float *cs = malloc((size_t)T * (size_t)hd * sizeof(float));
-    if (!cs) return QW_ENOMEM;
-    qw_rope_table(T, hd, pos, s->inv_freq, cs);
-    int rc = 0;
+    qw_rope_table(T, hd, pos, s->inv_freq, s->rope);
     for (int li = 0; li < n; li++) {
         const qw_layer *L = &layers[li];
         /* attention: x + o(attention(rope(q), rope(k), v)), q k v from rmsnorm(x) */
         qw_rmsnorm(s->x, L->attn_norm, s->eps, T, D, s->h);
-        if ((rc = qw_matmul_group(L->qkv, 3, D, s->h, T, s->act))) break;
+        if (qw_matmul_group(L->qkv, 3, D, s->h, T, s->act)) return QW_ENOMEM;
         if (L->q_norm) {
             qw_rmsnorm(s->q, L->q_norm, s->eps, T * H, hd, s->q);
             qw_rmsnorm(s->k, L->k_norm, s->eps, T * Hkv, hd, s->k);
         }
-        qw_rope_apply(s->q, T, H, hd, cs);
-        qw_rope_apply(s->k, T, Hkv, hd, cs);
+        qw_rope_apply(s->q, T, H, hd, s->rope);
+        qw_rope_apply(s->k, T, Hkv, hd, s->rope);
         qw_kv_write(s->k, s->v, T, Hkv, hd, slots, s->n_blocks, s->bs, s->kv_type, L->Kc, L->Vc);
         if (qw_paged_attention(s->q, T, H, Hkv, hd, s->kv_type, L->Kc, L->Vc, s->n_blocks, s->bs, block_tables, max_blocks,
-                               row_seq, pos, s->scale, s->attn)) {
-            rc = QW_ENOMEM;
-            break;
-        }
-        if ((rc = qw_matmul_group(&L->o, 1, H * hd, s->attn, T, s->act))) break;
+                               row_seq, pos, s->scale, s->attn))
+            return QW_ENOMEM;
+        if (qw_matmul_group(&L->o, 1, H * hd, s->attn, T, s->act)) return QW_ENOMEM;
         add_into(s->x, s->o, T * D);
         /* MLP: x + down(silu(gate) * up), gate and up from rmsnorm(x) */
         qw_rmsnorm(s->x, L->mlp_norm, s->eps, T, D, s->h);
-        if ((rc = qw_matmul_group(L->gate_up, 2, D, s->h, T, s->act))) break;
+        if (qw_matmul_group(L->gate_up, 2, D, s->h, T, s->act)) return QW_ENOMEM;
         qw_silu_mul(s->gate, s->up, T * s->inter, s->gate);
-        if ((rc = qw_matmul_group(&L->down, 1, s->inter, s->gate, T, s->act))) break;
+        if (qw_matmul_group(&L->down, 1, s->inter, s->gate, T, s->act)) return QW_ENOMEM;
         add_into(s->x, s->o, T * D);
     }
-    free(cs);
-    return rc;
+    return 0;
 }

@@ -33,6 +33,7 @@ typedef struct {
     float *q, *k, *v;      /* [T, heads * head_dim], [T, kv_heads * head_dim] x 2 */
     float *attn, *o;       /* [T, heads * head_dim], [T, hidden] */
     float *gate, *up;      /* [T, inter] */
+    float *rope;           /* [T, head_dim]: each row's RoPE cosines, then sines (qw_rope_table) */
 } qw_stack;
 
 /* Runs layers [0, n) over the T rows in s->x (updated in place), every row in one KV cache:

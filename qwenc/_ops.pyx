@@ -101,6 +101,7 @@ cdef extern from "forward.h":
         float *o
         float *gate
         float *up
+        float *rope
     int qw_forward_layers(const qw_stack *s, const qw_layer *layers, int n, int64_t T, const int64_t *pos,
                           const int64_t *slots, const int32_t *block_tables, int64_t max_blocks,
                           const int32_t *row_seq) nogil
@@ -558,7 +559,7 @@ cdef class LayerStack:
 
     def __init__(self, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter,
                  float eps, float scale, inv_freq, int act, buffers, layers):
-        """buffers: (x, h, q, k, v, attn, o, gate, up), each [capacity, width]; layers: per layer
+        """buffers: (x, h, q, k, v, attn, o, gate, up, rope), each [capacity, width]; layers: per layer
         (attn_norm, mlp_norm, q_norm or None, k_norm or None, (q, k, v products), o product,
         (gate, up products), down product, K pool, V pool), a product being (W, dtype, N, Y,
         bias) with Y the buffer it writes (q, k, v; o; gate, up; o)."""
@@ -568,7 +569,7 @@ cdef class LayerStack:
         cdef void *vp
         cdef int kv_type = -1, t
         _check_act(act)
-        x, h, q, k, v, attn, o, gate, up = buffers
+        x, h, q, k, v, attn, o, gate, up, rope = buffers
         C = np.asarray(x).shape[0]
         qs, kvs = heads * head_dim, kv_heads * head_dim
         self.s.hidden, self.s.heads, self.s.kv_heads, self.s.head_dim, self.s.inter = hidden, heads, kv_heads, head_dim, inter
@@ -578,6 +579,7 @@ cdef class LayerStack:
         self.s.q, self.s.k, self.s.v = _rows(q, C, qs, "q"), _rows(k, C, kvs, "k"), _rows(v, C, kvs, "v")
         self.s.attn, self.s.o = _rows(attn, C, qs, "attn"), _rows(o, C, hidden, "o")
         self.s.gate, self.s.up = _rows(gate, C, inter, "gate"), _rows(up, C, inter, "up")
+        self.s.rope = _rows(rope, C, head_dim, "rope")
         if kv_heads < 1 or heads % kv_heads or heads // kv_heads > 64 or head_dim < 2 or head_dim % 2:
             raise ValueError(f"{heads} query heads, {kv_heads} kv heads of {head_dim} have no attention kernel")
         self.n = len(layers)

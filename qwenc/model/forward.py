@@ -140,6 +140,7 @@ class Workspace:
         self._o = np.empty((capacity, cfg.hidden_size), f)       # output of a sub-block, added to x
         self._gate = np.empty((capacity, cfg.intermediate_size), f)
         self._up = np.empty((capacity, cfg.intermediate_size), f)
+        self._rope = np.empty((capacity, cfg.head_dim), f)        # the fused step's RoPE cos and sin
         self.use(capacity)
 
     def use(self, T: int):
@@ -337,7 +338,7 @@ class Transformer:
         held = cache.layer_stack
         if held is None or held[0]() is not self or held[1] is not ws:
             cfg = self.config
-            bufs = (ws._x, ws._h, ws._q, ws._k, ws._v, ws._attn, ws._o, ws._gate, ws._up)
+            bufs = (ws._x, ws._h, ws._q, ws._k, ws._v, ws._attn, ws._o, ws._gate, ws._up, ws._rope)
             layers = [(L.attn_norm, L.mlp_norm, L.q_norm, L.k_norm,
                        (L.q.product(ws._q), L.k.product(ws._k), L.v.product(ws._v)), L.o.product(ws._o),
                        (L.gate.product(ws._gate), L.up.product(ws._up)), L.down.product(ws._o),

@@ -70,6 +70,11 @@ def _as_call(body: str, known_names):
         obj = json.loads(body)
     except ValueError:
         return None
+    return _call_of(obj, known_names)
+
+
+def _call_of(obj, known_names):
+    """_as_call of a parsed JSON value."""
     if not isinstance(obj, dict):
         return None
     name = obj.get("name")
@@ -180,8 +185,6 @@ class _Block:
 
 
 _FENCE = "```"
-
-
 _BARE_KEYS = {"name", "arguments", "parameters"}
 
 
@@ -198,7 +201,7 @@ def _calls_of_value(value_text, known_names):
     calls = []
     for item in items:
         whole = isinstance(item, dict) and set(item) <= _BARE_KEYS and len(item) == 2
-        call = _as_call(json.dumps(item), known_names) if whole else None
+        call = _call_of(item, known_names) if whole else None
         if call is None:
             return None
         calls.append(call)
