@@ -17,7 +17,8 @@ def _add_model_args(p):
                                          "(OWNER/REPO[:QUANT][@REV], OWNER/REPO/FILE.gguf; downloaded when "
                                          "missing) (default: $QWENC_MODEL, else the demo model)")
     p.add_argument("--threads", type=int, help="kernel threads (default: $QWENC_THREADS, else all CPUs)")
-    p.add_argument("--context", type=int, default=4096, help="KV cache size in tokens (default 4096)")
+    p.add_argument("--context", type=int, help="most tokens of a sequence, prompt included (default 4096; "
+                                               "serve: the model's context length, within --kv-memory)")
     p.add_argument("--dtype", choices=["f32", "bf16", "q8_0"], help="re-encode weights at load")
     p.add_argument("--activations", choices=["f32", "int16", "int8"], default=DEFAULT_ACTIVATIONS,
                    help="arithmetic on block-quantized weights: int16 (default: integer dots, 99.95-100%% top-1 "
@@ -55,7 +56,7 @@ def _load(args):
         except DemoModelMissing as exc:
             raise SystemExit(f"qwenc: {exc}")
     t = time.perf_counter()
-    model = qwenc.load(spec, dtype=args.dtype, threads=args.threads, context=args.context,
+    model = qwenc.load(spec, dtype=args.dtype, threads=args.threads, context=args.context or 4096,
                         activations=args.activations, kv_cache=args.kv_cache)
     if os.environ.get("QWENC_VERBOSE"):
         print(f"loaded {spec} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
@@ -272,11 +273,13 @@ def cmd_serve(args):
     from qwenc.engine.engine import Engine
     from qwenc.server import serve
     model = _load(args)
-    engine = Engine(model, max_batch=args.max_batch, kv_memory=args.kv_memory,
-                    max_step_tokens=args.max_step_tokens)
+    # the cache is paged and sized by --kv-memory, so a request may use all the model was trained for
+    engine = Engine(model, max_batch=args.max_batch, kv_memory=args.kv_memory, max_step_tokens=args.max_step_tokens,
+                    context=args.context or model.config.max_position_embeddings)
     name = args.model_name or model.name
     print(f"qwenc serve: {name} on http://{args.host}:{args.port}/v1 (batch {args.max_batch}, "
-          f"KV {engine.pool.num_blocks} blocks = {engine.pool.num_blocks * engine.pool.block_size} tokens)",
+          f"KV {engine.pool.num_blocks} blocks = {engine.pool.num_blocks * engine.pool.block_size} tokens, "
+          f"{engine.max_tokens_per_request} a request)",
           file=sys.stderr, flush=True)
     return serve(engine, args.host, args.port, model_name=name, api_key=args.api_key, grace=args.grace,
                  cors_origins=args.cors_origin, log_level="warning" if args.quiet else "info")

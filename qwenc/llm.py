@@ -15,7 +15,13 @@ from .formats.generation_config import resolve_sampling
 from .model import Sequence, StepItem, Transformer
 from .model.forward import PREFILL_CHUNK
 from .engine.generate import Generation, chat_completion, generate_tokens
-from .engine.sampling import SAMPLING_FIELDS, SamplingParams
+from .engine.sampling import OPENAI_FIELDS, SAMPLING_FIELDS, SamplingParams, token_bias
+
+
+# OpenAI chat request fields about several completions or the HTTP exchange: refused by
+# Model.chat (which would otherwise hand them to the chat template, where they mean nothing).
+_OPENAI_ONLY = frozenset({"n", "stream_options", "user", "store", "metadata", "service_tier", "modalities",
+                          "audio", "prediction", "web_search_options", "best_of", "echo", "suffix"})
 
 
 class Model:
@@ -111,9 +117,15 @@ class Model:
     # -- generation --------------------------------------------------------------------------
 
     def sampling_params(self, **overrides) -> SamplingParams:
-        """Sampling settings: explicit arguments win over generation_config.json's defaults."""
+        """Sampling settings: explicit arguments win over generation_config.json's defaults.
+        OpenAI's presence_penalty, frequency_penalty and logit_bias ({token id: bias}, keys as
+        ints or strings) have no defaults there: off unless given."""
+        extra = {k: overrides.pop(k) for k in OPENAI_FIELDS if k in overrides}
         merged = resolve_sampling(self.generation_defaults, **overrides)
-        return SamplingParams(**{k: v for k, v in merged.items() if k in SAMPLING_FIELDS})
+        extra = {k: v for k, v in extra.items() if v is not None}
+        if "logit_bias" in extra:
+            extra["logit_bias"] = token_bias(extra["logit_bias"])
+        return SamplingParams(**{k: v for k, v in merged.items() if k in SAMPLING_FIELDS}, **extra)
 
     def generate_tokens(self, ids, max_tokens=256, temperature=None, top_k=None, top_p=None, min_p=None,
                         repetition_penalty=None, seed=None, stop_token_ids=None, sequence=None, cancel=None):
@@ -150,22 +162,35 @@ class Model:
                           constraint=constraint, **sampling)
 
     def chat(self, messages, stream=False, max_tokens=256, stop=None, tools=None, tool_choice=None,
-             response_format=None, parallel_tool_calls=True, **kwargs):
+             response_format=None, parallel_tool_calls=True, logprobs=False, top_logprobs=0,
+             max_completion_tokens=None, **kwargs):
         """An OpenAI-shaped chat completion (a dict, or chunk dicts when stream=True).
 
         tools / tool_choice ("auto", "none", "required" or {"type": "function", "function":
         {"name": ...}}) as in OpenAI's API: the model's calls come back as message.tool_calls.
         response_format: {"type": "json_object"}, {"type": "json_schema", "json_schema": {...}},
         or a pydantic model class. Qwen3's thinking comes back as message.reasoning_content.
-        Keyword arguments that are not sampling settings (e.g. enable_thinking=False for Qwen3)
-        are passed to the chat template."""
-        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in SAMPLING_FIELDS}
+        logprobs / top_logprobs (0-20): choices[0].logprobs.content, as OpenAI gives them.
+        max_completion_tokens: OpenAI's newer name for max_tokens (wins when both are given).
+        Sampling settings are those of generate() plus presence_penalty, frequency_penalty and
+        logit_bias. Other keyword arguments (e.g. enable_thinking=False for Qwen3) are passed to
+        the chat template; OpenAI request fields this one-sequence path does not serve (n,
+        stream_options, ...) raise InvalidRequest instead of reaching it."""
+        served_elsewhere = sorted(set(kwargs) & _OPENAI_ONLY)
+        if served_elsewhere:
+            raise InvalidRequest(f"model.chat does not take {', '.join(served_elsewhere)} (OpenAI request "
+                                 "field(s) for many completions or for the server): use qwenc.Engine or "
+                                 "qwenc serve")
+        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in SAMPLING_FIELDS or k in OPENAI_FIELDS}
+        if max_completion_tokens is not None:
+            max_tokens = max_completion_tokens
         if isinstance(response_format, type):
             response_format = {"type": "json_schema", "json_schema": {"name": response_format.__name__,
                                                                       "schema": response_format}}
         return chat_completion(self, messages, stream=stream, tools=tools, template_kwargs=kwargs,
                                tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-                               response_format=response_format, max_tokens=max_tokens, stop=stop, **sampling)
+                               response_format=response_format, max_tokens=max_tokens, stop=stop,
+                               logprobs=logprobs, top_logprobs=top_logprobs, **sampling)
 
     def tokenizer_or_raise(self):
         if self.tokenizer is None:

@@ -270,6 +270,23 @@ def test_logprobs_match_log_softmax_of_the_logits(model):
         assert abs(c.prompt_logprobs[j].logprob - logp[j - 1][ids[j]]) < 1e-4
 
 
+def test_max_tokens_zero_scores_the_prompt_and_generates_nothing(model):
+    ids = model.tokenizer.encode(PROMPTS[1])
+    with Engine(model, max_batch=2, kv_memory="64MiB") as engine:
+        one = engine.submit(ids, max_tokens=1, temperature=0, prompt_logprobs=True, logprobs=True).result()
+        zero = engine.submit(ids, max_tokens=0, temperature=0, prompt_logprobs=True, logprobs=True).result()
+        bare = engine.submit(ids, max_tokens=0, temperature=0).result()
+        streamed = list(engine.submit(ids, max_tokens=0, temperature=0, prompt_logprobs=True))
+        assert engine.pool.num_used == 0
+    for c in (zero, bare):
+        assert c.text == "" and c.token_ids == [] and c.finish_reason == "length"
+        assert c.usage["completion_tokens"] == 0 and c.usage["prompt_tokens"] == len(ids)
+    assert not zero.logprobs
+    assert [(p.token, p.logprob) for p in zero.prompt_logprobs] == [(p.token, p.logprob) for p in one.prompt_logprobs]
+    assert len(streamed) == 1 and streamed[0].finish_reason == "length" and streamed[0].text == ""
+    assert [p.token for p in streamed[0].prompt_logprobs] == ids
+
+
 def test_break_cancels_and_returns_blocks(model):
     with Engine(model, max_batch=4, kv_memory="64MiB") as engine:
         stream = engine.submit(PROMPTS[2], max_tokens=200, temperature=0, ignore_eos=True)

@@ -165,6 +165,31 @@ def test_completions_logprobs_with_echo(client, model, live):
     assert all(len(t) == 2 for t in lp.top_logprobs[1:])
 
 
+def test_completions_echo_with_max_tokens_zero_scores_the_prompt(client, model, live):
+    # how evaluation harnesses score a text: the prompt's own logprobs, nothing generated
+    prompt = "The quick brown fox jumps over the lazy dog"
+    ids = model.tokenizer.encode(prompt)
+    r = client.completions.create(model=live.model_name, prompt=prompt, max_tokens=0, temperature=0, logprobs=1,
+                                  echo=True)
+    c = r.choices[0]
+    assert c.text == prompt and c.finish_reason == "length"
+    assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens == len(ids)
+    lp = c.logprobs
+    assert "".join(lp.tokens) == prompt and len(lp.tokens) == len(ids) and lp.token_logprobs[0] is None
+    logits = model.logits(ids, all_positions=True)[:, :model.n_vocab].astype(np.float64)
+    for j in range(1, len(ids)):
+        row = logits[j - 1]
+        want = row[ids[j]] - row.max() - np.log(np.exp(row - row.max()).sum())
+        assert abs(lp.token_logprobs[j] - want) < 1e-4
+    s = client.completions.create(model=live.model_name, prompt=prompt, max_tokens=0, logprobs=1, echo=True,
+                                  stream=True)
+    chunks = [ch for ch in s if ch.choices]
+    assert "".join(ch.choices[0].text for ch in chunks) == prompt
+    assert chunks[-1].choices[0].finish_reason == "length"
+    plain = client.completions.create(model=live.model_name, prompt=prompt, max_tokens=0)
+    assert plain.choices[0].text == "" and plain.usage.completion_tokens == 0
+
+
 def test_concurrent_streams_equal_one_by_one(client, live):
     prompts = [f"Tell me fact number {i} about {topic}." for i, topic in
                enumerate(["cats", "rust", "jazz", "Mars", "tea", "chess", "bees", "rain"])]
@@ -344,9 +369,8 @@ def test_cors_off_by_default(live):
 
 # ---------------------------------------------------------------- the process
 
-def test_serve_cli_binds_loopback_and_stops_on_sigterm(text_model_dir, tmp_path):
-    """`qwenc serve` as users run it: binds 127.0.0.1, serves, and on SIGTERM lets a running
-    stream finish with a proper final chunk, then exits 0."""
+def _spawn_serve(model_dir, tmp_path, *args):
+    """`qwenc serve` as users run it, on a free port of 127.0.0.1: (process, base url)."""
     port_file = tmp_path / "port"
     env = {**os.environ, "PYTHONPATH": REPO, "QWENC_THREADS": "1"}
     code = ("import sys, qwenc.server as s, qwenc.cli as c;"
@@ -355,17 +379,22 @@ def test_serve_cli_binds_loopback_and_stops_on_sigterm(text_model_dir, tmp_path)
             f"    k['ready'] = lambda addr: open({str(port_file)!r}, 'w').write(str(addr[1]))\n"
             "    return orig(*a, **k)\n"
             "s.make_server = mk\n"
-            f"sys.exit(c.main(['serve', '-m', {str(text_model_dir)!r}, '--port', '0', '--grace', '20', '-q',"
-            "'--context', '512', '--kv-memory', '32MiB']))")
+            f"sys.exit(c.main(['serve', '-m', {str(model_dir)!r}, '--port', '0', '-q'] + {list(args)!r}))")
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not port_file.exists() or not port_file.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(proc.stderr.read().decode())
+        time.sleep(0.05)
+    return proc, f"http://127.0.0.1:{int(port_file.read_text())}"
+
+
+def test_serve_cli_binds_loopback_and_stops_on_sigterm(text_model_dir, tmp_path):
+    """`qwenc serve` as users run it: binds 127.0.0.1, serves, and on SIGTERM lets a running
+    stream finish with a proper final chunk, then exits 0."""
+    proc, url = _spawn_serve(text_model_dir, tmp_path, "--grace", "20", "--context", "512", "--kv-memory", "32MiB")
     try:
-        deadline = time.monotonic() + 60
-        while not port_file.exists() or not port_file.read_text():
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        port = int(port_file.read_text())
-        url = f"http://127.0.0.1:{port}"
         lines = []
         with httpx.stream("POST", url + "/v1/completions", timeout=60,
                           json={"prompt": "hello", "max_tokens": 60, "stream": True, "ignore_eos": True}) as r:
@@ -381,6 +410,26 @@ def test_serve_cli_binds_loopback_and_stops_on_sigterm(text_model_dir, tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize("args, want", [((), 512), (("--context", "300"), 300), (("--kv-memory", "64KiB"), 128)])
+def test_serve_cli_context_is_the_models_unless_set(text_model_dir, tmp_path, args, want):
+    """A served request may use the context the model was trained for (its config's
+    max_position_embeddings: 512 here), within the KV memory; --context sets another."""
+    proc, url = _spawn_serve(text_model_dir, tmp_path, *args)
+    try:
+        card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
+        # 64 KiB: 8 blocks of 16 positions (2 layers, K and V, 2 heads of 16 in float32): fewer than 512
+        assert card["max_model_len"] == want
+        r = httpx.post(url + "/v1/completions", timeout=60,
+                       json={"prompt": [5] * (card["max_model_len"] - 4), "max_tokens": 4, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        r = httpx.post(url + "/v1/completions", timeout=60,
+                       json={"prompt": [5] * (card["max_model_len"] - 3), "max_tokens": 4})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    finally:
+        proc.kill()
+        proc.wait(30)
 
 
 def test_slow_reader_does_not_hold_up_others(live, client):

@@ -113,6 +113,50 @@ def test_chat_completion_shapes(model):
     assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
 
 
+def test_chat_logprobs_are_the_models_log_softmax(model):
+    messages = [{"role": "user", "content": "Count to five."}]
+    out = model.chat(messages, max_tokens=8, logprobs=True, top_logprobs=3, **GREEDY)
+    content = out["choices"][0]["logprobs"]["content"]
+    ids = model.tokenizer.encode(model.tokenizer.apply_chat_template(messages))
+    gen = [model.tokenizer.encode(e["token"]) for e in content]  # each a token of Qwen's vocabulary
+    assert len(content) == out["usage"]["completion_tokens"]
+    toks = [t[0] for t in gen]
+    assert all(len(t) == 1 for t in gen) and "".join(e["token"] for e in content) == \
+        out["choices"][0]["message"]["content"]
+    logits = model.logits(ids + toks, all_positions=True)[:, :model.n_vocab].astype(np.float64)
+    for i, e in enumerate(content):
+        row = logits[len(ids) - 1 + i]
+        lse = row.max() + np.log(np.exp(row - row.max()).sum())
+        assert abs(e["logprob"] - (row[toks[i]] - lse)) < 1e-4
+        assert bytes(e["bytes"]) == model.tokenizer.token_bytes(toks[i])
+        assert [t["logprob"] for t in e["top_logprobs"]] == sorted((t["logprob"] for t in e["top_logprobs"]),
+                                                                   reverse=True)
+        assert len(e["top_logprobs"]) == 3 and e["top_logprobs"][0]["token"] == e["token"]  # greedy
+    chunks = list(model.chat(messages, max_tokens=8, logprobs=True, top_logprobs=3, stream=True, **GREEDY))
+    streamed = [e for c in chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
+    assert streamed == content
+    assert model.chat(messages, max_tokens=2, **GREEDY)["choices"][0]["logprobs"] is None
+
+
+def test_chat_takes_openais_penalties_and_refuses_what_it_cannot_serve(model):
+    from qwenc.engine.engine import Engine
+    messages = [{"role": "user", "content": "Say something."}]
+    ids = model.tokenizer.encode(model.tokenizer.apply_chat_template(messages))
+    settings = dict(presence_penalty=1.5, frequency_penalty=0.5, logit_bias={str(ids[-1]): -100, "11": 5})
+    text = model.chat(messages, max_tokens=12, **settings, **GREEDY)["choices"][0]["message"]["content"]
+    plain = model.chat(messages, max_tokens=12, **GREEDY)["choices"][0]["message"]["content"]
+    with Engine(model, max_batch=2, kv_memory="16MiB") as engine:
+        assert engine.submit(messages, max_tokens=12, **settings, **GREEDY).result().text == text
+        assert engine.submit("Hello", max_tokens=12, frequency_penalty=2.0, **GREEDY).result().text == \
+            model.generate("Hello", max_tokens=12, frequency_penalty=2.0, **GREEDY)
+    assert text != plain  # the settings are applied, not handed to the chat template
+    for bad in (dict(n=2), dict(stream_options={"include_usage": True}), dict(presence_penalty=3),
+                dict(logit_bias={"x": 1}), dict(top_logprobs=21)):
+        with pytest.raises(qwenc.InvalidRequest):
+            model.chat(messages, max_tokens=2, **bad)
+    assert model.chat(messages, max_completion_tokens=3, max_tokens=9, **GREEDY)["usage"]["completion_tokens"] == 3
+
+
 def test_chat_session_reuses_the_cache(model, monkeypatch):
     from qwenc.engine.generate import ChatSession, Generation, render_chat
     session = ChatSession(model, max_tokens=12, **GREEDY)

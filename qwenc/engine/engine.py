@@ -33,7 +33,8 @@ from ..errors import ContextLengthExceeded, EngineStopped, InvalidRequest, Queue
 from ..model import BLOCK_SIZE, KVCache, Sequence, StepItem
 from ..text.textstream import TextStream
 from .kv_pool import BlockPool, block_hashes
-from .sampling import Sampler, SamplingParams, logprobs as row_logprobs
+from .sampling import OPENAI_FIELDS, SAMPLING_FIELDS, Sampler, SamplingParams, TokenLogprob
+from .sampling import logprobs as row_logprobs
 from .scheduler import Scheduler
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*$", re.IGNORECASE)
@@ -58,13 +59,6 @@ def parse_size(size) -> int:
 
 
 # ---------------------------------------------------------------- what a request gets back
-
-@dataclass
-class TokenLogprob:
-    token: int
-    logprob: float
-    top: list  # [(token id, logprob)], most likely first
-
 
 @dataclass
 class Output:
@@ -441,21 +435,15 @@ class Engine:
         return ids
 
     def sampling_params(self, **sampling) -> SamplingParams:
-        extra = {k: sampling.pop(k) for k in ("presence_penalty", "frequency_penalty", "logit_bias")
-                 if k in sampling}
-        unknown = set(sampling) - {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"}
+        unknown = set(sampling) - set(SAMPLING_FIELDS) - set(OPENAI_FIELDS)
         if unknown:
             raise InvalidRequest(f"unknown sampling setting(s): {', '.join(sorted(unknown))}")
         try:
-            base = self.model.sampling_params(**sampling)
+            return self.model.sampling_params(**sampling)
         except QwencError:
             raise
         except ValueError as exc:  # a setting out of range: the caller's fault
             raise InvalidRequest(str(exc)) from None
-        extra = {k: v for k, v in extra.items() if v is not None}
-        if "logit_bias" in extra:
-            extra["logit_bias"] = _token_bias(extra["logit_bias"])
-        return SamplingParams(**{**base.__dict__, **extra}) if extra else base
 
     def generate(self, prompts, **kwargs) -> list:
         """Run a whole offline job batched: one Completion per prompt, in order."""
@@ -594,7 +582,10 @@ class Engine:
                     self._fail(req, exc)
                 ready = [(req, last) for req, last in ready if req.matcher is None]
         for req, last in ready:
-            self._advance(req, last, now)
+            if req.max_tokens == 0:  # the prompt only (read for its logprobs): nothing is sampled
+                self._finish(req, "length")
+            else:
+                self._advance(req, last, now)
 
     def _mask_pool(self):
         if self._masker is None:
@@ -693,20 +684,6 @@ class Engine:
                 "kv_blocks_total": self.pool.num_blocks, "kv_blocks_used": self.pool.num_used,
                 "kv_blocks_free": self.pool.num_free, "kv_blocks_cached": self.pool.num_cached,
                 "preemptions": s.preemptions}
-
-
-def _token_bias(bias) -> dict:
-    """OpenAI's logit_bias ({"123": 5.0}, keys as strings) as {int: float}."""
-    if not isinstance(bias, dict):
-        raise InvalidRequest("logit_bias must be an object mapping token ids to numbers")
-    out = {}
-    for k, v in bias.items():
-        try:
-            key = int(k)
-        except (TypeError, ValueError):
-            raise InvalidRequest(f"logit_bias key {k!r} is not a token id") from None
-        out[key] = v
-    return out
 
 
 class EngineStats:

@@ -13,7 +13,8 @@ import numpy as np
 
 from ..errors import Cancelled, ContextLengthExceeded, InvalidRequest
 from ..text.textstream import TextStream
-from .sampling import Sampler
+from .sampling import Sampler, TokenLogprob
+from .sampling import logprobs as row_logprobs
 
 
 def _require_tokenizer(model):
@@ -37,11 +38,13 @@ def _token_ids(ids, what) -> list:
 
 
 def generate_tokens(model, ids, max_tokens=256, stop_token_ids=None, sequence=None, cancel=None, matcher=None,
-                    **sampling):
+                    observe=None, **sampling):
     """Yield generated token ids one by one (see Model.generate_tokens).
 
     matcher: a constraints.Matcher (or ThinkingGate): its grammar masks every draw, and the
-    generation stops as soon as the grammar can take nothing but EOS."""
+    generation stops as soon as the grammar can take nothing but EOS. observe: called as
+    observe(token, logits) before each token is yielded, with the model's own logits row
+    (before penalties, temperature and masks)."""
     # Everything the request says is checked before the prefill: a bad setting costs nothing.
     params = model.sampling_params(**sampling)
     max_tokens = _max_tokens(max_tokens)
@@ -62,9 +65,12 @@ def generate_tokens(model, ids, max_tokens=256, stop_token_ids=None, sequence=No
         return "cancelled"
     sampler = Sampler(params, model.n_vocab, history=ids, matcher=matcher)
     for i in range(max_tokens):
+        raw = logits.copy() if observe is not None else None  # the sampler works on the row in place
         token = sampler.sample(logits)
         if token in stops:
             return "stop"
+        if observe is not None:
+            observe(token, raw)
         if matcher is not None:
             matcher.accept(token)
         yield token
@@ -89,12 +95,18 @@ class Generation:
     """
 
     def __init__(self, model, prompt_ids, max_tokens=256, stop=None, sequence=None, skip_special_tokens=True,
-                 stop_token_ids=None, constraint=None, thinking=None, **sampling):
+                 stop_token_ids=None, constraint=None, thinking=None, logprobs=False, top_logprobs=0, **sampling):
         """constraint: what the output must match (see constraints.compile_constraint: a
         response_format dict, a JSON schema, a pydantic class, or a compiled Grammar); compiled
         here, so a bad one raises InvalidRequest before any token. thinking: None, or the phase
         a chat reply starts in (constraints.thinking_phase): the grammar then applies after
-        the model's <think>...</think> part."""
+        the model's <think>...</think> part. logprobs: keep a TokenLogprob per generated token
+        in `logprobs`, with the `top_logprobs` (0-20) most likely tokens."""
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, (int, np.integer)) \
+                or not 0 <= top_logprobs <= 20:
+            raise InvalidRequest(f"top_logprobs must be an integer in [0, 20], got {top_logprobs!r}")
+        self.logprobs = [] if logprobs or top_logprobs else None
+        self.top_logprobs = int(top_logprobs)
         self.model = model
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = _max_tokens(max_tokens)
@@ -132,7 +144,7 @@ class Generation:
             return
         gen = generate_tokens(self.model, self.prompt_ids, max_tokens=self.max_tokens, sequence=self.sequence,
                               stop_token_ids=self.stop_token_ids, cancel=self._cancel, matcher=self._matcher(),
-                              **self.sampling)
+                              observe=self._observe if self.logprobs is not None else None, **self.sampling)
         if self.sequence is not None:
             self.cached_tokens = min(self.sequence.common_prefix(self.prompt_ids), len(self.prompt_ids) - 1)
         start = time.perf_counter()
@@ -170,6 +182,10 @@ class Generation:
             pass
         return self.text
 
+    def _observe(self, token, row):
+        value, top = row_logprobs(row[:self.model.n_vocab], token, self.top_logprobs)
+        self.logprobs.append(TokenLogprob(token, value, top))
+
     def _matcher(self):
         if self.grammar is None:
             return None
@@ -201,6 +217,22 @@ def _usage(g: Generation):
             "total_tokens": g.prompt_tokens + g.completion_tokens}
 
 
+def finite_logprob(v: float) -> float:
+    return max(v, -9999.0) if np.isfinite(v) else -9999.0  # JSON has no -inf (a masked-out token)
+
+
+def chat_logprobs(tok, lps, token_text=None):
+    """OpenAI's chat logprobs ({"content": [{token, logprob, bytes, top_logprobs}]}) of TokenLogprobs."""
+    if token_text is None:
+        def token_text(t):
+            return tok.token_bytes(t).decode("utf-8", "replace")
+    return {"content": [{"token": token_text(lp.token), "logprob": finite_logprob(lp.logprob),
+                         "bytes": list(tok.token_bytes(lp.token)),
+                         "top_logprobs": [{"token": token_text(t), "logprob": finite_logprob(v),
+                                           "bytes": list(tok.token_bytes(t))} for t, v in lp.top]}
+                        for lp in lps]}
+
+
 def render_chat(model, messages, add_generation_prompt=True, tools=None, **template_kwargs) -> str:
     return _require_tokenizer(model).apply_chat_template(messages, add_generation_prompt, tools, **template_kwargs)
 
@@ -221,24 +253,36 @@ def chat_completion(model, messages, stream=False, tools=None, template_kwargs=N
     parser = request.parser()
     parser.push(gen.run())
     parser.finish()
+    lp = chat_logprobs(model.tokenizer, gen.logprobs) if gen.logprobs is not None else None
     return {**meta, "object": "chat.completion",
             "choices": [{"index": 0, "message": parser.message(),
-                         "finish_reason": request.finish_reason(gen.finish_reason, parser), "logprobs": None}],
+                         "finish_reason": request.finish_reason(gen.finish_reason, parser), "logprobs": lp}],
             "usage": _usage(gen)}
 
 
 def _chat_chunks(gen: Generation, meta, request):
-    def chunk(delta, finish_reason=None, **extra):
+    def chunk(delta, finish_reason=None, logprobs=None, **extra):
         return {**meta, "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}],
                 **extra}
+    sent = 0
+
+    def new_logprobs():  # the tokens since the last chunk that carried some (text may be held back)
+        nonlocal sent
+        if not gen.logprobs or sent == len(gen.logprobs):
+            return None
+        lps, sent = gen.logprobs[sent:], len(gen.logprobs)
+        return chat_logprobs(gen.model.tokenizer, lps)
     parser = request.parser()
     yield chunk({"role": "assistant", "content": ""})
     for piece in gen:
         for delta in parser.push(piece):
-            yield chunk(delta)
+            yield chunk(delta, logprobs=new_logprobs())
     for delta in parser.finish():
-        yield chunk(delta)
+        yield chunk(delta, logprobs=new_logprobs())
+    lp = new_logprobs()
+    if lp:
+        yield chunk({}, logprobs=lp)
     yield chunk({}, request.finish_reason(gen.finish_reason, parser), usage=_usage(gen))
 
 

@@ -17,8 +17,10 @@ import numpy as np
 from .. import _ops
 from ..errors import InvalidRequest
 
-# The settings a SamplingParams holds (what Model.sampling_params takes from a caller).
+# The settings a SamplingParams holds that generation_config.json may give defaults for.
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
+# OpenAI's settings, which a model's files never set: a caller's or nothing.
+OPENAI_FIELDS = ("presence_penalty", "frequency_penalty", "logit_bias")
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,27 @@ class Sampler:
             return int(_ops.argmax(row))
         u = self.rng.random()
         return int(_ops.sample(row, p.temperature, self._top_k, p.top_p, p.min_p, u, self._idx, self._val))
+
+
+def token_bias(bias) -> dict:
+    """OpenAI's logit_bias ({"123": 5.0}, keys as strings) as {int: float}."""
+    if not isinstance(bias, dict):
+        raise InvalidRequest("logit_bias must be an object mapping token ids to numbers")
+    out = {}
+    for k, v in bias.items():
+        try:
+            key = int(k)
+        except (TypeError, ValueError):
+            raise InvalidRequest(f"logit_bias key {k!r} is not a token id") from None
+        out[key] = v
+    return out
+
+
+@dataclass
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: list  # [(token id, logprob)], most likely first
 
 
 def logprobs(row: np.ndarray, token: int, top: int = 0):

@@ -9,7 +9,6 @@ import asyncio
 import hmac
 import json
 import logging
-import math
 import re
 
 import numpy as np
@@ -23,6 +22,7 @@ from .. import __version__
 from ..errors import (ChatTemplateError, ContextLengthExceeded, EngineStopped, InvalidRequest, QueueFull,
                       QwencError)
 from ..engine.chat_request import ChatRequest
+from ..engine.generate import chat_logprobs, finite_logprob
 from . import protocol as P
 from .metrics import Metrics
 
@@ -200,15 +200,7 @@ class Server:
         return t
 
     def chat_logprobs(self, lps):
-        if lps is None:
-            return None
-        content = []
-        for lp in lps:
-            raw = self.tok.token_bytes(lp.token)
-            content.append({"token": self.token_text(lp.token), "logprob": _lp(lp.logprob), "bytes": list(raw),
-                            "top_logprobs": [{"token": self.token_text(t), "logprob": _lp(v),
-                                              "bytes": list(self.tok.token_bytes(t))} for t, v in lp.top]})
-        return {"content": content}
+        return None if lps is None else chat_logprobs(self.tok, lps, self.token_text)
 
     def completion_logprobs(self, lps, start_offset=0):
         """OpenAI's completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
@@ -221,15 +213,11 @@ class Server:
                 values.append(None)
                 tops.append(None)
             else:
-                values.append(_lp(lp.logprob))
-                tops.append({self.token_text(t): _lp(v) for t, v in lp.top} if lp.top else None)
+                values.append(finite_logprob(lp.logprob))
+                tops.append({self.token_text(t): finite_logprob(v) for t, v in lp.top} if lp.top else None)
             data += self.tok.token_bytes(lp.token)
             offset = start_offset + len(data.decode("utf-8", "replace"))
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
-
-
-def _lp(v: float) -> float:
-    return max(v, -9999.0) if math.isfinite(v) else -9999.0
 
 
 async def _merge(streams):

@@ -198,7 +198,8 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: Union[str, List[str], List[int], List[List[int]]]
     response_format: Optional[Dict[str, Any]] = None
-    max_tokens: Optional[int] = Field(16, ge=1)   # OpenAI's default for this endpoint
+    # OpenAI's default for this endpoint; 0 with echo and logprobs scores a prompt without generating
+    max_tokens: Optional[int] = Field(16, ge=0)
     echo: bool = False
     logprobs: Optional[int] = Field(None, ge=0, le=20)
     suffix: Optional[str] = None
