@@ -141,25 +141,31 @@ class Model:
                                min_p=min_p, repetition_penalty=repetition_penalty, seed=seed)
 
     def generate(self, prompt: str, max_tokens=256, stop=None, regex=None, json_schema=None, grammar=None,
-                 **sampling) -> str:
+                 suffix: str = None, **sampling) -> str:
         """Complete `prompt` (raw text, no chat template) and return the new text.
 
+        suffix: the code after a gap: `prompt` is then the code before it and the model writes
+        what goes between (fill in the middle, as Qwen2.5-Coder was trained to).
         At most one constraint: `regex` (the whole output matches it), `json_schema` (a JSON
         schema dict or a pydantic model class: the output is JSON valid against it), `grammar`
         (a Lark or GBNF grammar). A constrained output that ends by itself always matches; one
         cut by max_tokens or a stop string is a prefix of a match."""
-        return self._generation(prompt, max_tokens, stop, regex, json_schema, grammar, sampling).run()
+        return self._generation(prompt, max_tokens, stop, regex, json_schema, grammar, suffix, sampling).run()
 
     def stream(self, prompt: str, max_tokens=256, stop=None, regex=None, json_schema=None, grammar=None,
-               **sampling):
+               suffix: str = None, **sampling):
         """Like generate, yielding text pieces as they become final."""
-        return iter(self._generation(prompt, max_tokens, stop, regex, json_schema, grammar, sampling))
+        return iter(self._generation(prompt, max_tokens, stop, regex, json_schema, grammar, suffix, sampling))
 
-    def _generation(self, prompt, max_tokens, stop, regex, json_schema, grammar, sampling):
+    def _generation(self, prompt, max_tokens, stop, regex, json_schema, grammar, suffix, sampling):
         from .engine.constraints import constraint_spec
         constraint = constraint_spec(regex=regex, json_schema=json_schema, grammar=grammar)
-        return Generation(self, self.tokenizer_or_raise().encode(prompt), max_tokens, stop,
-                          constraint=constraint, **sampling)
+        tok = self.tokenizer_or_raise()
+        if suffix is None:
+            return Generation(self, tok.encode(prompt), max_tokens, stop, constraint=constraint, **sampling)
+        ids, ends = tok.fill_in_middle(prompt, suffix)
+        return Generation(self, ids, max_tokens, stop, constraint=constraint,
+                          stop_token_ids=list(self.eos_token_ids) + ends, **sampling)
 
     def chat(self, messages, stream=False, max_tokens=256, stop=None, tools=None, tool_choice=None,
              response_format=None, parallel_tool_calls=True, logprobs=False, top_logprobs=0,

@@ -72,3 +72,17 @@ def test_it_writes_a_function_when_asked(model):
     funcs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
     assert [f.name for f in funcs] == ["is_even"], text
     assert "% 2" in code, text
+
+
+@pytest.mark.parametrize("prefix, suffix", [
+    ("def is_even(x):\n    return ", "\n\n\nprint(is_even(4))\n"),
+    ("def area(w, h):\n    ", "\n\n\nprint(area(2, 3))\n"),
+    ("import json\n\n\ndef load(path):\n    with open(path) as f:\n        ", "\n    return data\n"),
+])
+def test_fills_the_middle_of_code(model, prefix, suffix):
+    """Qwen2.5-Coder's fill-in-the-middle: given the code before and after a gap, it writes what goes
+    between and stops there; the whole is valid Python."""
+    middle = model.generate(prefix, suffix=suffix, max_tokens=48, temperature=0)
+    assert middle.strip() and suffix.strip() not in middle
+    assert len(model.tokenizer.encode(middle)) < 40  # it ended by itself
+    ast.parse(prefix + middle + suffix)

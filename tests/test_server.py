@@ -190,6 +190,27 @@ def test_completions_echo_with_max_tokens_zero_scores_the_prompt(client, model, 
     assert plain.choices[0].text == "" and plain.usage.completion_tokens == 0
 
 
+def test_completions_suffix_fills_the_middle(client, model, live):
+    pre, suf = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
+    ids = model.tokenizer.encode(f"<|fim_prefix|>{pre}<|fim_suffix|>{suf}<|fim_middle|>")
+    ends = [model.tokenizer.token_to_id(t) for t in ("<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")]
+    want = model.tokenizer.decode(list(model.generate_tokens(
+        ids, max_tokens=12, temperature=0, stop_token_ids=list(model.eos_token_ids) + ends)))
+    r = client.completions.create(model=live.model_name, prompt=pre, suffix=suf, max_tokens=12, temperature=0)
+    assert r.choices[0].text == want and r.usage.prompt_tokens == len(ids)
+    s = client.completions.create(model=live.model_name, prompt=pre, suffix=suf, max_tokens=12, temperature=0,
+                                  stream=True)
+    assert "".join(c.choices[0].text for c in s if c.choices) == want
+    # the repository markers end a middle, as EOS does; without a suffix they are text like any other
+    forced = {str(ends[2]): 100}
+    r = client.completions.create(model=live.model_name, prompt=pre, suffix=suf, max_tokens=4, logit_bias=forced)
+    assert r.choices[0].text == "" and r.choices[0].finish_reason == "stop"
+    r = client.completions.create(model=live.model_name, prompt=pre, max_tokens=4, logit_bias=forced)
+    assert r.usage.completion_tokens == 4 and r.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=live.model_name, prompt=pre, suffix=suf, max_tokens=4, echo=True)
+
+
 def test_concurrent_streams_equal_one_by_one(client, live):
     prompts = [f"Tell me fact number {i} about {topic}." for i, topic in
                enumerate(["cats", "rust", "jazz", "Mars", "tea", "chess", "bees", "rain"])]

@@ -19,6 +19,7 @@ import pytest
 tokenizers = pytest.importorskip("tokenizers")
 gguf = pytest.importorskip("gguf")
 
+import qwenc  # noqa: E402
 from qwenc import _bpe  # noqa: E402
 from qwenc.text.tokenizer import QWEN2_PATTERN, QWEN_NON_SPECIAL, Tokenizer  # noqa: E402
 from oracles import build_oracle  # noqa: E402
@@ -108,6 +109,32 @@ def test_specials_as_text(tok):
     assert 151645 not in plain and len(plain) > 1
     # non-special added tokens stay whole either way, as in the reference
     assert tok.encode("<tool_call>", allow_special=False) == [tok.token_to_id("<tool_call>")]
+
+
+def test_fill_in_middle_prompt_is_the_oracles_encoding(any_tok, oracle, corpus):
+    from qwenc.text.tokenizer import FIM_ENDS, FIM_MARKS
+    cases = [("def f(x):\n    ", "\n    return y\n"), ("", "tail"), ("head", ""), ("a <b> c", " <|endoftext|> x")]
+    cases += [(corpus[i], corpus[-1 - i]) for i in range(0, 40, 4)]
+    for prefix, suffix in cases:
+        ids, ends = any_tok.fill_in_middle(prefix, suffix)
+        marks = [oracle.token_to_id(t) for t in FIM_MARKS]
+        assert ids == [marks[0]] + oracle_ids(oracle, prefix, False) + [marks[1]] + \
+            oracle_ids(oracle, suffix, False) + [marks[2]]
+        assert ends == [oracle.token_to_id(t) for t in FIM_ENDS]
+        if "<|" not in prefix + suffix:  # special-token text aside, the literal prompt string is the same
+            assert ids == oracle_ids(oracle, f"{FIM_MARKS[0]}{prefix}{FIM_MARKS[1]}{suffix}{FIM_MARKS[2]}")
+    assert any_tok.fill_in_middle([1, 2], "x")[0][1:3] == [1, 2]
+    with pytest.raises(qwenc.InvalidRequest):
+        any_tok.fill_in_middle(3.5, "x")
+
+
+def test_fill_in_middle_needs_the_tokens(spec):
+    spec = copy.deepcopy(spec)
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if "fim_" not in t["content"]]
+    for t in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>"):
+        spec["model"]["vocab"].pop(t, None)
+    with pytest.raises(qwenc.InvalidRequest, match="fill-in-the-middle"):
+        Tokenizer._from_spec(spec).fill_in_middle("a", "b")
 
 
 def _byte_alphabet():

@@ -332,7 +332,8 @@ class Engine:
     def submit(self, prompt, max_tokens: int = None, stop=None, stop_token_ids=None, ignore_eos=False,
                logprobs: bool = False, top_logprobs: int = 0, prompt_logprobs: bool = False,
                skip_special_tokens: bool = True, tools=None, chat_template_kwargs=None,
-               constraint=None, thinking: str = None, request_id: str = None, **sampling) -> RequestStream:
+               constraint=None, thinking: str = None, request_id: str = None, suffix=None,
+               **sampling) -> RequestStream:
         """Queue a request; returns its stream at once.
 
         prompt: text (completed as is), a list of token ids, or a list of chat messages (rendered
@@ -342,6 +343,8 @@ class Engine:
         beside the model's EOS ids (unless ignore_eos). sampling: temperature, top_k, top_p,
         min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, seed; unset
         ones come from the model's generation_config.json.
+        suffix: text (or ids) after the gap: the prompt (text or ids) is then the code before it,
+        and the model writes what goes between (fill in the middle, Qwen2.5-Coder's format).
         constraint: what the output must match (a spec of qwenc.engine.constraints: json_object,
         json_schema, regex, grammar, a pydantic class, or a compiled Grammar), compiled here; EOS
         is allowed exactly when the grammar accepts. thinking: the phase a chat reply starts in
@@ -350,6 +353,12 @@ class Engine:
         cannot fit), QueueFull, EngineStopped.
         """
         model = self.model
+        fim_ends = []
+        if suffix is not None:
+            if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+                raise InvalidRequest("a suffix goes with a text (or token ids) prompt, not chat messages")
+            prompt, fim_ends = model.tokenizer_or_raise().fill_in_middle(
+                prompt.tolist() if isinstance(prompt, np.ndarray) else prompt, suffix)
         prompt_ids = self.prompt_ids(prompt, tools=tools, chat_template_kwargs=chat_template_kwargs)
         params = self.sampling_params(**sampling)
         n = len(prompt_ids)
@@ -369,7 +378,7 @@ class Engine:
         stop = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stop):
             raise InvalidRequest("stop must be a non-empty string or a list of them")
-        stops = set() if ignore_eos else set(model.eos_token_ids)
+        stops = set() if ignore_eos else set(model.eos_token_ids) | set(fim_ends)
         for t in stop_token_ids or ():
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise InvalidRequest(f"stop_token_ids must be token ids, got {t!r}")

@@ -412,8 +412,8 @@ def create_app(engine, model_name: str = None, api_key: str = None, max_body_byt
     async def completions(request: Request):
         srv.authorize(request)
         body = await srv.body(request, P.CompletionRequest)
-        if body.suffix:
-            raise APIError(400, "suffix is not supported", param="suffix")
+        if body.suffix is not None and body.echo:
+            raise APIError(400, "echo cannot be used with suffix", param="echo")
         if body.best_of not in (None, body.n):
             raise APIError(400, "best_of other than n is not supported", param="best_of")
         try:
@@ -431,7 +431,7 @@ def create_app(engine, model_name: str = None, api_key: str = None, max_body_byt
             raise APIError(400, str(exc), param="guided_json") from None
         kwargs = dict(max_tokens=body.max_tokens, stop=body.stop, stop_token_ids=body.stop_token_ids,
                       ignore_eos=body.ignore_eos, logprobs=want_lp, top_logprobs=body.logprobs or 0,
-                      prompt_logprobs=want_lp and body.echo, constraint=constraint)
+                      prompt_logprobs=want_lp and body.echo, constraint=constraint, suffix=body.suffix)
         streams = await srv.submit_all(prompts, body.n, body, **kwargs)
         n = body.n
         rid, created = P.new_id("cmpl"), P.now()

@@ -1,7 +1,7 @@
 """The OpenAI wire format: request bodies as pydantic models, and the response shapes.
 
 Unknown fields are ignored, as OpenAI's API does; fields we cannot honour (images, audio,
-`suffix`, `best_of` beyond `n`) are refused with a 400 naming them rather than silently ignored.
+`best_of` beyond `n`) are refused with a 400 naming them rather than silently ignored.
 Limits on sizes (n, stop strings, messages) keep one request from taking the server.
 """
 import time

@@ -83,6 +83,12 @@ def _literal_regex(contents: Iterable[str]):
     return re.compile("|".join(map(re.escape, alts))) if alts else None
 
 
+# Fill-in-the-middle: the marks around a prefix and a suffix, and what a model may write when
+# the middle is done besides EOS (the repository-level markers: as llama.cpp ends them).
+FIM_MARKS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+FIM_ENDS = ("<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+
+
 class Tokenizer:
     """Byte-level BPE tokenizer with Qwen's pipeline. Build it with from_file / from_dir /
     from_gguf_metadata."""
@@ -337,6 +343,26 @@ class Tokenizer:
             start = m.end()
         if start < len(text):
             yield text[start:], None
+
+    def fill_in_middle(self, prefix, suffix) -> tuple:
+        """A fill-in-the-middle prompt (Qwen2.5-Coder's format: prefix, suffix, then the middle
+        to write) and the tokens that end the middle besides EOS: (ids, end ids). `prefix` and
+        `suffix` are text (read as code: special-token text in them stays text) or token ids.
+        Raises InvalidRequest when the vocabulary has no FIM tokens."""
+        from ..errors import InvalidRequest
+        marks = [self._added.get(t) for t in FIM_MARKS]
+        if None in marks:
+            raise InvalidRequest("this model's vocabulary has no fill-in-the-middle tokens "
+                                 f"({', '.join(FIM_MARKS)}): a suffix cannot be given")
+
+        def ids(part, what):
+            if isinstance(part, str):
+                return self.encode(part, allow_special=False)
+            if isinstance(part, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in part):
+                return list(part)
+            raise InvalidRequest(f"a fill-in-the-middle {what} must be text or token ids")
+        ends = [self._added[t] for t in FIM_ENDS if t in self._added]
+        return [marks[0]] + ids(prefix, "prefix") + [marks[1]] + ids(suffix, "suffix") + [marks[2]], ends
 
     # ---- decoding ----------------------------------------------------------------------------
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
