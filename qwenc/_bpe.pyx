@@ -2,12 +2,15 @@
 """Byte-pair encoding in C (csrc/bpe.c): the Qwen2 split pattern, the merge loop, a word cache.
 
 `qwenc.tokenizer.Tokenizer` is the public face; this module only moves bytes and ids across.
-The GIL stays held while C runs: a model's scratch buffers and word cache are not thread-safe.
+Encoding runs without the GIL (a long prompt must not stall the threads streaming other
+requests), one call at a time per model: its scratch buffers and word cache are not thread-safe.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_Check, PyLong_FromLong
 from cpython.number cimport PyNumber_Index
+from cpython.pythread cimport (PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock,
+                               PyThread_release_lock, PyThread_type_lock, WAIT_LOCK)
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, uint8_t, uint32_t
@@ -26,7 +29,7 @@ cdef extern from "bpe.h":
     int bpe_load_merges(bpe_model *m, const char *blob, size_t len, int32_t n_merges)
     void bpe_set_ignore_merges(bpe_model *m, int on)
     void bpe_set_flags(bpe_model *m, int flags)
-    size_t bpe_encode(bpe_model *m, const char *text, size_t len, int32_t *out)
+    size_t bpe_encode(bpe_model *m, const char *text, size_t len, int32_t *out) nogil
     size_t bpe_pretoken_end(const bpe_model *m, const char *text, size_t len, size_t pos)
     const char *bpe_token_bytes(const bpe_model *m, int32_t id, size_t *len)
     unsigned bpe_char_class(uint32_t cp)
@@ -54,6 +57,7 @@ cdef class BPE:
     merge_blob: merges as "left right", '\\n'-separated, best rank first.
     """
     cdef bpe_model *m
+    cdef PyThread_type_lock lock  # held around bpe_encode, which runs without the GIL
     cdef readonly int32_t n_tokens
     cdef bytes kinds
 
@@ -61,8 +65,9 @@ cdef class BPE:
                   bytes merge_blob, int n_merges, bint ignore_merges=False):
         if len(in_vocab) != n_tokens or len(kinds) != n_tokens:
             raise ValueError("in_vocab and kinds need one byte per token")
+        self.lock = PyThread_allocate_lock()
         self.m = bpe_new()
-        if self.m == NULL:
+        if self.m == NULL or self.lock == NULL:
             raise MemoryError()
         if bpe_load_tokens(self.m, token_blob, len(token_blob), n_tokens, in_vocab) != 0:
             raise ValueError(bpe_error(self.m).decode("utf-8", "replace"))
@@ -74,6 +79,8 @@ cdef class BPE:
 
     def __dealloc__(self):
         bpe_free(self.m)
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
 
     def set_flags(self, int flags):
         """Switch on deliberately wrong behaviours (FLAG_*), for tests; 0 restores the real ones."""
@@ -82,12 +89,16 @@ cdef class BPE:
     def encode(self, bytes text):
         """Token ids of UTF-8 text that holds no added tokens and is already normalized."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(text)
+        cdef const char *src = PyBytes_AS_STRING(text)  # `text` keeps it alive, and bytes do not change
         cdef int32_t *out = <int32_t *>malloc((n + 1) * sizeof(int32_t))
         cdef size_t k, i
         if out == NULL:
             raise MemoryError()
         try:
-            k = bpe_encode(self.m, PyBytes_AS_STRING(text), <size_t>n, out)
+            with nogil:
+                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+                k = bpe_encode(self.m, src, <size_t>n, out)
+                PyThread_release_lock(self.lock)
             if k == <size_t>-1:
                 raise MemoryError()
             ids = PyList_New(<Py_ssize_t>k)

@@ -9,6 +9,7 @@ apart (no look-ahead rule, no NFC, merges in the wrong order).
 """
 import copy
 import json
+import time
 import random
 import unicodedata
 from pathlib import Path
@@ -135,6 +136,38 @@ def test_fill_in_middle_needs_the_tokens(spec):
         spec["model"]["vocab"].pop(t, None)
     with pytest.raises(qwenc.InvalidRequest, match="fill-in-the-middle"):
         Tokenizer._from_spec(spec).fill_in_middle("a", "b")
+
+
+def test_encoding_lets_other_threads_run_and_is_thread_safe(tok, oracle, corpus):
+    """A long prompt is encoded without the GIL (the server's other streams go on meanwhile), and
+    encodes from many threads at once give what one thread gives."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    text = "x = 1\n" + " " * 1_500_000 + "y"  # one long whitespace run: a slow pretoken, about a second
+    go, done, result = threading.Event(), threading.Event(), {}
+
+    def encode():
+        go.wait()
+        t0 = time.perf_counter()
+        result["ids"] = tok.encode(text)
+        result["took"] = time.perf_counter() - t0
+        done.set()
+    worker = threading.Thread(target=encode)
+    worker.start()
+    go.set()
+    last = time.perf_counter()
+    longest = 0.0
+    while not done.is_set():
+        time.sleep(0.001)
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    worker.join()
+    assert longest < result["took"] / 3, f"the main thread stalled {longest:.3f} s of a {result['took']:.3f} s encode"
+    assert result["ids"] == oracle_ids(oracle, text)
+    texts = corpus[:60]
+    serial = [tok.encode(t) for t in texts]
+    with ThreadPoolExecutor(6) as pool:
+        assert list(pool.map(tok.encode, texts * 4)) == serial * 4
 
 
 def _byte_alphabet():
