@@ -314,6 +314,18 @@ def test_malformed_bodies(live):
     _err(httpx.post(url, json={"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400)
 
 
+@pytest.mark.parametrize("prompt", [[151700], [15, 151664 + 1], [5, -1], [10 ** 9], [[5], [151935]]])
+@pytest.mark.parametrize("echo", [False, True])
+def test_prompt_ids_that_are_no_tokens_are_400(live, prompt, echo):
+    # 151665-151935 are the embedding's padding rows: ids the vocabulary has no text for
+    for stream in (False, True):
+        err = _err(httpx.post(live.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2, "echo": echo,
+                                                                 "stream": stream}), 400)
+        assert "vocabulary" in err["message"]
+    ok = httpx.post(live.url + "/v1/completions", json={"prompt": [151664], "max_tokens": 1, "echo": echo})
+    assert ok.status_code == 200  # the last real token (<|file_sep|>)
+
+
 def test_lone_surrogates_are_served(live):
     body = b'{"messages": [{"role": "user", "content": "hi \\ud800 there"}], "max_tokens": 2}'
     r = httpx.post(live.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})

@@ -441,6 +441,11 @@ class Engine:
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequest(f"token id {bad[0]} outside the vocabulary (0..{vocab - 1})")
+        if model.tokenizer is not None:  # the model's padded embedding rows are no tokens: no text to echo
+            bad = model.tokenizer.first_non_token(ids)
+            if bad is not None:
+                raise InvalidRequest(f"token id {bad} is not a token of this model's vocabulary "
+                                     f"({model.tokenizer.vocab_size} tokens)")
         return ids
 
     def sampling_params(self, **sampling) -> SamplingParams:

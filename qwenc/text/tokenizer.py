@@ -127,6 +127,7 @@ class Tokenizer:
         self._nfc = nfc
         self._token_ids = None  # token string -> id, built on first token_to_id
         self._vocab_size = sum(1 for k in kinds if k)
+        self._is_token = np.frombuffer(bytes(kinds), np.uint8) != 0  # ids that are no token: False
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.chat_template = None  # a ChatTemplate, set by the loader when the model has one
@@ -395,6 +396,14 @@ class Tokenizer:
         if not 0 <= token_id < len(self._tokens) or self._tokens[token_id] is None:
             raise IndexError(f"token id {token_id} is not a token of this vocabulary")
         return self._tokens[token_id]
+
+    def first_non_token(self, ids):
+        """The first of `ids` that is no token of this vocabulary (out of range, or a gap such as
+        a padded embedding row), or None when every one is a token."""
+        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        ok = (a >= 0) & (a < len(self._is_token))
+        ok[ok] = self._is_token[a[ok]]
+        return None if ok.all() else int(a[np.argmin(ok)])
 
     @property
     def vocab_size(self) -> int:
