@@ -287,6 +287,21 @@ def test_max_tokens_zero_scores_the_prompt_and_generates_nothing(model):
     assert [p.token for p in streamed[0].prompt_logprobs] == ids
 
 
+def test_chat_history_with_openai_tool_calls_reads_as_objects(model):
+    # OpenAI sends a call's arguments as a JSON string; Qwen's template wants the object (it would
+    # quote the string again): the engine reads messages as the chat path does
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]
+    as_object = [history[0], {**history[1], "tool_calls": [
+        {**call, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}, history[2]]
+    want = model.tokenizer.encode(model.tokenizer.apply_chat_template(as_object))
+    assert model.tokenizer.encode(model.tokenizer.apply_chat_template(history)) != want  # the template quotes it
+    with Engine(model, max_batch=2, kv_memory="16MiB") as engine:
+        assert engine.submit(history, max_tokens=0).prompt_ids == want
+
+
 def test_break_cancels_and_returns_blocks(model):
     with Engine(model, max_batch=4, kv_memory="64MiB") as engine:
         stream = engine.submit(PROMPTS[2], max_tokens=200, temperature=0, ignore_eos=True)

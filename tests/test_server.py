@@ -253,6 +253,10 @@ def test_prefix_reuse_visible_in_cached_tokens(client, live):
     assert a.usage.prompt_tokens_details.cached_tokens < b.usage.prompt_tokens_details.cached_tokens
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
 def test_models_health_metrics_tokenize(live, model):
     r = httpx.get(live.url + "/v1/models").json()
     assert r["object"] == "list" and r["data"][0]["id"] == live.model_name
@@ -268,6 +272,18 @@ def test_models_health_metrics_tokenize(live, model):
     assert httpx.post(live.url + "/detokenize", json={"tokens": t["tokens"]}).json()["prompt"] == "hello world"
     chat = httpx.post(live.url + "/tokenize", json={"messages": MSG}).json()
     assert chat["tokens"] == model.tokenizer.encode(model.tokenizer.apply_chat_template(MSG))
+    # a tool round trip as OpenAI's clients send it: /tokenize counts what the chat request reads
+    history = MSG + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 18}'}]
+    counted = httpx.post(live.url + "/tokenize", json={"messages": history, "tools": [WEATHER]}).json()["count"]
+    used = httpx.post(live.url + "/v1/chat/completions", json={"messages": history, "tools": [WEATHER],
+                                                               "max_tokens": 1}).json()["usage"]["prompt_tokens"]
+    assert counted == used
+    text = httpx.post(live.url + "/detokenize", json={"tokens": httpx.post(
+        live.url + "/tokenize", json={"messages": history, "tools": [WEATHER]}).json()["tokens"]}).json()["prompt"]
+    assert '"arguments": {"city": "Paris"}' in text and "get_weather" in text.split("<|im_end|>")[0]
+    _err(httpx.post(live.url + "/detokenize", json={"tokens": [5, 151700]}), 400)
 
 
 # ---------------------------------------------------------------- errors

@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import ContextLengthExceeded, EngineStopped, InvalidRequest, QueueFull, QwencError
 from ..model import BLOCK_SIZE, KVCache, Sequence, StepItem
 from ..text.textstream import TextStream
+from ..text.toolcalls import prepare_messages
 from .kv_pool import BlockPool, block_hashes
 from .sampling import OPENAI_FIELDS, SAMPLING_FIELDS, Sampler, SamplingParams, TokenLogprob
 from .sampling import logprobs as row_logprobs
@@ -425,7 +426,7 @@ class Engine:
             ids = model.tokenizer_or_raise().encode(prompt)
         elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
             tok = model.tokenizer_or_raise()
-            text = tok.apply_chat_template(list(prompt), True, tools, **(chat_template_kwargs or {}))
+            text = tok.apply_chat_template(prepare_messages(list(prompt)), True, tools, **(chat_template_kwargs or {}))
             ids = tok.encode(text)
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             ids = []

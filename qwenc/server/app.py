@@ -23,6 +23,7 @@ from ..errors import (ChatTemplateError, ContextLengthExceeded, EngineStopped, I
                       QwencError)
 from ..engine.chat_request import ChatRequest
 from ..engine.generate import chat_logprobs, finite_logprob
+from ..text.toolcalls import prepare_messages
 from . import protocol as P
 from .metrics import Metrics
 
@@ -345,9 +346,11 @@ def create_app(engine, model_name: str = None, api_key: str = None, max_body_byt
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
         try:
-            if body.messages is not None:
-                msgs = P.ChatCompletionRequest(messages=body.messages).template_messages()
-                text = await run_in_threadpool(srv.tok.apply_chat_template, msgs, body.add_generation_prompt)
+            if body.messages is not None:  # the prompt a chat request with these parts is given
+                msgs = prepare_messages(P.ChatCompletionRequest(messages=body.messages).template_messages())
+                tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+                text = await run_in_threadpool(srv.tok.apply_chat_template, msgs, body.add_generation_prompt, tools,
+                                               **(body.chat_template_kwargs or {}))
             else:
                 text = body.prompt
             ids = await run_in_threadpool(srv.tok.encode, text, body.add_special_tokens)
@@ -359,10 +362,10 @@ def create_app(engine, model_name: str = None, api_key: str = None, max_body_byt
     async def detokenize(request: Request):
         srv.authorize(request)
         body = await srv.body(request, P.DetokenizeRequest)
-        bad = [t for t in body.tokens if not 0 <= t < srv.tok.vocab_size]
-        if bad:
-            raise APIError(400, f"token id {bad[0]} outside the vocabulary (0..{srv.tok.vocab_size - 1})",
-                           param="tokens")
+        bad = srv.tok.first_non_token(body.tokens) if body.tokens else None
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is not a token of this model's vocabulary "
+                                f"({srv.tok.vocab_size} tokens)", param="tokens")
         return {"prompt": srv.tok.decode(body.tokens)}
 
     # -- chat --------------------------------------------------------------------------------

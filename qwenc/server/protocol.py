@@ -221,6 +221,8 @@ class TokenizeRequest(_Body):
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[List[Message]] = Field(None, max_length=MAX_MESSAGES)
+    tools: Optional[List[Tool]] = None                     # rendered as a chat request renders them
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
     add_generation_prompt: bool = True
     add_special_tokens: bool = True
 
