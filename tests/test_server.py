@@ -434,7 +434,8 @@ def _spawn_serve(model_dir, tmp_path, *args):
     while not port_file.exists() or not port_file.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise AssertionError(proc.stderr.read().decode())
+            _, err = proc.communicate(timeout=30)
+            raise AssertionError(err.decode())
         time.sleep(0.05)
     return proc, f"http://127.0.0.1:{int(port_file.read_text())}"
 

@@ -16,8 +16,9 @@ gives
 from __future__ import annotations
 
 from ..errors import InvalidRequest
-from ..text.toolcalls import ReplyParser, prepare_messages, tool_choice_mode, tool_names
+from ..text.toolcalls import ReplyParser, tool_choice_mode, tool_names
 from .constraints import normalize_spec, thinking_phase, tool_call_constraint, tokenizer_info
+from .generate import render_chat
 
 
 class ChatRequest:
@@ -29,8 +30,7 @@ class ChatRequest:
         self.mode, _ = tool_choice_mode(tool_choice, tools)
         self.tools = list(tools) if tools and self.mode != "none" else None
         self.tool_names = tool_names(self.tools) if self.tools else None
-        self.prompt = tok.apply_chat_template(prepare_messages(list(messages)), True, self.tools,
-                                              **(template_kwargs or {}))
+        self.prompt = render_chat(model, messages, True, self.tools, **(template_kwargs or {}))
         self.thinking = thinking_phase(self.prompt) if tok.token_to_id("</think>") is not None else None
         forced = None
         if self.mode == "required":

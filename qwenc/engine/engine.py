@@ -32,9 +32,9 @@ import numpy as np
 from ..errors import ContextLengthExceeded, EngineStopped, InvalidRequest, QueueFull, QwencError
 from ..model import BLOCK_SIZE, KVCache, Sequence, StepItem
 from ..text.textstream import TextStream
-from ..text.toolcalls import prepare_messages
+from .generate import render_chat
 from .kv_pool import BlockPool, block_hashes
-from .sampling import OPENAI_FIELDS, SAMPLING_FIELDS, Sampler, SamplingParams, TokenLogprob
+from .sampling import OPENAI_FIELDS, SAMPLING_FIELDS, Sampler, SamplingParams, TokenLogprob, top_logprobs_count
 from .sampling import logprobs as row_logprobs
 from .scheduler import Scheduler
 
@@ -356,7 +356,7 @@ class Engine:
         model = self.model
         fim_ends = []
         if suffix is not None:
-            if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            if _is_messages(prompt):
                 raise InvalidRequest("a suffix goes with a text (or token ids) prompt, not chat messages")
             prompt, fim_ends = model.tokenizer_or_raise().fill_in_middle(
                 prompt.tolist() if isinstance(prompt, np.ndarray) else prompt, suffix)
@@ -373,9 +373,7 @@ class Engine:
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{n + max_tokens} tokens ({n} in the prompt, {max_tokens} in the completion). "
                 f"Please reduce the length of the prompt or the completion.")
-        top_logprobs = int(top_logprobs or 0)
-        if top_logprobs < 0 or top_logprobs > 20:
-            raise InvalidRequest(f"top_logprobs must be in [0, 20], got {top_logprobs}")
+        top_logprobs = top_logprobs_count(top_logprobs)
         stop = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in stop):
             raise InvalidRequest("stop must be a non-empty string or a list of them")
@@ -424,10 +422,9 @@ class Engine:
         model = self.model
         if isinstance(prompt, str):
             ids = model.tokenizer_or_raise().encode(prompt)
-        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
-            tok = model.tokenizer_or_raise()
-            text = tok.apply_chat_template(prepare_messages(list(prompt)), True, tools, **(chat_template_kwargs or {}))
-            ids = tok.encode(text)
+        elif _is_messages(prompt):
+            ids = model.tokenizer_or_raise().encode(render_chat(model, prompt, True, tools,
+                                                                **(chat_template_kwargs or {})))
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             ids = []
             for t in prompt:
@@ -439,11 +436,12 @@ class Engine:
         if not ids:
             raise InvalidRequest("the prompt is empty")
         vocab = model.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequest(f"token id {bad[0]} outside the vocabulary (0..{vocab - 1})")
+        arr = np.asarray(ids, dtype=np.int64)
+        outside = (arr < 0) | (arr >= vocab)
+        if outside.any():
+            raise InvalidRequest(f"token id {arr[outside.argmax()]} outside the vocabulary (0..{vocab - 1})")
         if model.tokenizer is not None:  # the model's padded embedding rows are no tokens: no text to echo
-            bad = model.tokenizer.first_non_token(ids)
+            bad = model.tokenizer.first_non_token(arr)
             if bad is not None:
                 raise InvalidRequest(f"token id {bad} is not a token of this model's vocabulary "
                                      f"({model.tokenizer.vocab_size} tokens)")
@@ -699,6 +697,10 @@ class Engine:
                 "kv_blocks_total": self.pool.num_blocks, "kv_blocks_used": self.pool.num_used,
                 "kv_blocks_free": self.pool.num_free, "kv_blocks_cached": self.pool.num_cached,
                 "preemptions": s.preemptions}
+
+
+def _is_messages(prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
 
 
 class EngineStats:

@@ -13,7 +13,8 @@ import numpy as np
 
 from ..errors import Cancelled, ContextLengthExceeded, InvalidRequest
 from ..text.textstream import TextStream
-from .sampling import Sampler, TokenLogprob
+from ..text.toolcalls import prepare_messages
+from .sampling import Sampler, TokenLogprob, top_logprobs_count
 from .sampling import logprobs as row_logprobs
 
 
@@ -102,11 +103,8 @@ class Generation:
         a chat reply starts in (constraints.thinking_phase): the grammar then applies after
         the model's <think>...</think> part. logprobs: keep a TokenLogprob per generated token
         in `logprobs`, with the `top_logprobs` (0-20) most likely tokens."""
-        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, (int, np.integer)) \
-                or not 0 <= top_logprobs <= 20:
-            raise InvalidRequest(f"top_logprobs must be an integer in [0, 20], got {top_logprobs!r}")
-        self.logprobs = [] if logprobs or top_logprobs else None
-        self.top_logprobs = int(top_logprobs)
+        self.top_logprobs = top_logprobs_count(top_logprobs)
+        self.logprobs = [] if logprobs or self.top_logprobs else None
         self.model = model
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = _max_tokens(max_tokens)
@@ -234,7 +232,10 @@ def chat_logprobs(tok, lps, token_text=None):
 
 
 def render_chat(model, messages, add_generation_prompt=True, tools=None, **template_kwargs) -> str:
-    return _require_tokenizer(model).apply_chat_template(messages, add_generation_prompt, tools, **template_kwargs)
+    """The prompt of OpenAI-shaped chat messages: the one place messages meet the template, so
+    every path (chat requests, the engine, /tokenize, sessions) reads tool-call history alike."""
+    return _require_tokenizer(model).apply_chat_template(prepare_messages(list(messages)), add_generation_prompt,
+                                                         tools, **template_kwargs)
 
 
 def chat_completion(model, messages, stream=False, tools=None, template_kwargs=None, tool_choice=None,

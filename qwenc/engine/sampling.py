@@ -151,6 +151,15 @@ class Sampler:
         return int(_ops.sample(row, p.temperature, self._top_k, p.top_p, p.min_p, u, self._idx, self._val))
 
 
+def top_logprobs_count(value) -> int:
+    """OpenAI's top_logprobs: how many of the most likely tokens to report, None or 0-20."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 20:
+        raise InvalidRequest(f"top_logprobs must be an integer in [0, 20], got {value!r}")
+    return int(value)
+
+
 def token_bias(bias) -> dict:
     """OpenAI's logit_bias ({"123": 5.0}, keys as strings) as {int: float}."""
     if not isinstance(bias, dict):

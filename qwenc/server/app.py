@@ -22,8 +22,7 @@ from .. import __version__
 from ..errors import (ChatTemplateError, ContextLengthExceeded, EngineStopped, InvalidRequest, QueueFull,
                       QwencError)
 from ..engine.chat_request import ChatRequest
-from ..engine.generate import chat_logprobs, finite_logprob
-from ..text.toolcalls import prepare_messages
+from ..engine.generate import chat_logprobs, finite_logprob, render_chat
 from . import protocol as P
 from .metrics import Metrics
 
@@ -347,9 +346,9 @@ def create_app(engine, model_name: str = None, api_key: str = None, max_body_byt
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
         try:
             if body.messages is not None:  # the prompt a chat request with these parts is given
-                msgs = prepare_messages(P.ChatCompletionRequest(messages=body.messages).template_messages())
+                msgs = P.ChatCompletionRequest(messages=body.messages).template_messages()
                 tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-                text = await run_in_threadpool(srv.tok.apply_chat_template, msgs, body.add_generation_prompt, tools,
+                text = await run_in_threadpool(render_chat, srv.model, msgs, body.add_generation_prompt, tools,
                                                **(body.chat_template_kwargs or {}))
             else:
                 text = body.prompt
