@@ -13,7 +13,7 @@ int qw_forward_layers(const qw_stack *s, const qw_layer *layers, int n, int64_t 
     const int64_t D = s->hidden, hd = s->head_dim, H = s->heads, Hkv = s->kv_heads;
     /* every layer rotates at the same positions: their cos and sin once per step, not twice per
      * layer (the sin and cos calls were 0.4% of a 128-token prefill of the demo) */
-    qw_rope_table(T, hd, pos, s->inv_freq, s->rope);
+    qw_rope_table(T, hd, pos, s->inv_freq, s->rope_mscale, s->rope);
     for (int li = 0; li < n; li++) {
         const qw_layer *L = &layers[li];
         /* attention: x + o(attention(rope(q), rope(k), v)), q k v from rmsnorm(x) */

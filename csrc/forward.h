@@ -26,6 +26,7 @@ typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, inter;
     float eps, scale;
     const float *inv_freq; /* [head_dim / 2] */
+    float rope_mscale;     /* cos and sin scale (YaRN's attention factor; 1 without scaling) */
     int act;               /* QW_ACT_* */
     int kv_type;           /* QW_KV_* of the pools */
     int64_t n_blocks, bs;  /* KV blocks per pool, positions per block */

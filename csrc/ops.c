@@ -20,14 +20,14 @@ void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D,
     }
 }
 
-void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float *cs) {
+void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float mscale, float *cs) {
     int64_t half = hd / 2;
     for (int64_t t = 0; t < T; t++) {
         float p = (float)pos[t];
         for (int64_t i = 0; i < half; i++) {
             float angle = p * inv_freq[i];
-            cs[t * hd + i] = (float)cos((double)angle);
-            cs[t * hd + half + i] = (float)sin((double)angle);
+            cs[t * hd + i] = (float)cos((double)angle) * mscale;
+            cs[t * hd + half + i] = (float)sin((double)angle) * mscale;
         }
     }
 }

@@ -12,8 +12,9 @@ void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D,
  * two halves, so that a step rotating many heads at the same positions (every layer's q and k)
  * takes their cos and sin once. qw_rope_table: for token t at position pos[t], the angle of pair
  * i is float32(pos * inv_freq[i]), rounded as the reference does, then cos/sin in double, into
- * cs[T, hd] (the hd / 2 cosines, then the sines, per row). qw_rope_apply: x rotated with them. */
-void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float *cs);
+ * cs[T, hd] (the hd / 2 cosines, then the sines, per row), each times mscale (YaRN's attention
+ * factor; 1 without scaling, which leaves them exact). qw_rope_apply: x rotated with them. */
+void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float mscale, float *cs);
 void qw_rope_apply(float *x, int64_t T, int64_t H, int64_t hd, const float *cs);
 
 /* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias gate. */

@@ -49,7 +49,7 @@ cdef extern from "matmul.h":
 
 cdef extern from "ops.h":
     void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) nogil
-    void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float *cs) nogil
+    void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float mscale, float *cs) nogil
     void qw_rope_apply(float *x, int64_t T, int64_t H, int64_t hd, const float *cs) nogil
     void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out) nogil
     void qw_softmax(float *x, int64_t M, int64_t n) nogil
@@ -90,6 +90,7 @@ cdef extern from "forward.h":
         int64_t hidden, heads, kv_heads, head_dim, inter
         float eps, scale
         const float *inv_freq
+        float rope_mscale
         int act, kv_type
         int64_t n_blocks, bs
         float *x
@@ -367,8 +368,9 @@ def rmsnorm(const float[:, ::1] x, const float[::1] w, float eps, float[:, ::1] 
         qw_rmsnorm(&x[0, 0], &w[0], eps, M, D, &out[0, 0])
 
 
-def rope(float[:, :, ::1] x, const int64_t[::1] pos, const float[::1] inv_freq):
-    """Rotate x[T, H, hd] in place for positions pos[T] (pairs i and i + hd/2)."""
+def rope(float[:, :, ::1] x, const int64_t[::1] pos, const float[::1] inv_freq, float mscale=1.0):
+    """Rotate x[T, H, hd] in place for positions pos[T] (pairs i and i + hd/2), cos and sin
+    times mscale."""
     cdef int64_t T = x.shape[0], H = x.shape[1], hd = x.shape[2]
     if pos.shape[0] != T or inv_freq.shape[0] != hd // 2 or hd % 2:
         raise ValueError("rope shape mismatch")
@@ -376,7 +378,7 @@ def rope(float[:, :, ::1] x, const int64_t[::1] pos, const float[::1] inv_freq):
         return
     cdef float[:, ::1] cs = np.empty((T, hd), np.float32)
     with nogil:
-        qw_rope_table(T, hd, &pos[0], &inv_freq[0], &cs[0, 0])
+        qw_rope_table(T, hd, &pos[0], &inv_freq[0], mscale, &cs[0, 0])
         qw_rope_apply(&x[0, 0, 0], T, H, hd, &cs[0, 0])
 
 
@@ -558,7 +560,7 @@ cdef class LayerStack:
         self.layers = NULL
 
     def __init__(self, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter,
-                 float eps, float scale, inv_freq, int act, buffers, layers):
+                 float eps, float scale, inv_freq, int act, buffers, layers, float rope_mscale=1.0):
         """buffers: (x, h, q, k, v, attn, o, gate, up, rope), each [capacity, width]; layers: per layer
         (attn_norm, mlp_norm, q_norm or None, k_norm or None, (q, k, v products), o product,
         (gate, up products), down product, K pool, V pool), a product being (W, dtype, N, Y,
@@ -575,6 +577,7 @@ cdef class LayerStack:
         self.s.hidden, self.s.heads, self.s.kv_heads, self.s.head_dim, self.s.inter = hidden, heads, kv_heads, head_dim, inter
         self.s.eps, self.s.scale, self.s.act = eps, scale, act
         self.s.inv_freq = _vec(inv_freq, head_dim // 2, "inv_freq")
+        self.s.rope_mscale = rope_mscale
         self.s.x, self.s.h = _rows(x, C, hidden, "x"), _rows(h, C, hidden, "h")
         self.s.q, self.s.k, self.s.v = _rows(q, C, qs, "q"), _rows(k, C, kvs, "k"), _rows(v, C, kvs, "v")
         self.s.attn, self.s.o = _rows(attn, C, qs, "attn"), _rows(o, C, hidden, "o")

@@ -275,7 +275,7 @@ def cmd_serve(args):
     model = _load(args)
     # the cache is paged and sized by --kv-memory, so a request may use all the model was trained for
     engine = Engine(model, max_batch=args.max_batch, kv_memory=args.kv_memory, max_step_tokens=args.max_step_tokens,
-                    context=args.context or model.config.max_position_embeddings)
+                    context=args.context or model.config.context_length)
     name = args.model_name or model.name
     print(f"qwenc serve: {name} on http://{args.host}:{args.port}/v1 (batch {args.max_batch}, "
           f"KV {engine.pool.num_blocks} blocks = {engine.pool.num_blocks * engine.pool.block_size} tokens, "

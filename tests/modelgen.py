@@ -57,12 +57,16 @@ def make_model(out_dir, arch="qwen2", dtype="f32", seed=0, shard_size=None, qk_b
 
 
 def to_transformers4_layout(model_dir):
-    """Rewrite config.json the way transformers 4 wrote it (rope_theta top-level, torch_dtype)."""
+    """Rewrite config.json the way transformers 4 wrote it (rope_theta top-level, RoPE scaling as
+    `rope_scaling` with its "type", torch_dtype)."""
     path = Path(model_dir) / "config.json"
     cfg = json.loads(path.read_text())
-    params = cfg.pop("rope_parameters", None) or {}
+    params = dict(cfg.pop("rope_parameters", None) or {})
     if "rope_theta" in params:
-        cfg["rope_theta"] = params["rope_theta"]
+        cfg["rope_theta"] = params.pop("rope_theta")
+    kind = params.pop("rope_type", "default")
+    if kind != "default":
+        cfg["rope_scaling"] = {"type": kind, **params}
     if "dtype" in cfg:
         cfg["torch_dtype"] = cfg.pop("dtype")
     path.write_text(json.dumps(cfg, indent=2))

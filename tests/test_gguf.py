@@ -101,7 +101,7 @@ def test_ggml_type_table_matches_gguf_package():
 QWEN3 = dict(hidden=64, heads=4, kv_heads=2, head_dim=32, ffn=96, layers=2, vocab=50)
 
 
-def write_qwen3(path, tied=True, with_scaling=False, alignment=None):
+def write_qwen3(path, tied=True, with_scaling=False, alignment=None, scaling_extra=None):
     """A small qwen3 GGUF written by gguf's writer: every metadata value type, q/k norms, F32, F16
     and Q8_0 tensors. Returns (metadata expected back, {gguf name: (type, numpy data)})."""
     cfg = QWEN3
@@ -132,6 +132,9 @@ def write_qwen3(path, tied=True, with_scaling=False, alignment=None):
         w.add_uint32("qwen3.rope.scaling.original_context_length", 32768)
         meta.update({"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0,
                      "qwen3.rope.scaling.original_context_length": 32768})
+        for key, value in (scaling_extra or {}).items():
+            w.add_float32(f"qwen3.rope.scaling.{key}", value)
+            meta[f"qwen3.rope.scaling.{key}"] = value
     if alignment:
         w.add_custom_alignment(alignment)
         meta["general.alignment"] = alignment
@@ -436,3 +439,41 @@ def test_unsupported_architecture(tmp_path):
     gf = open_gguf(corrupt(tmp_path, "llama.gguf", hand_made(kv, 1)))
     with pytest.raises(GGUFError, match="architecture 'llama' is not supported"):
         gguf_to_hf(gf)
+
+
+@pytest.mark.parametrize("rope", [
+    dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16, rope_theta=10000.0),
+    dict(rope_type="yarn", factor=3.0, original_max_position_embeddings=20, beta_fast=8.0, beta_slow=2.0,
+         rope_theta=10000.0),
+    dict(rope_type="linear", factor=2.0, rope_theta=10000.0),
+])
+def test_rope_scaling_computes_what_the_directory_computes(rope, tmp_path):
+    """A GGUF with llama.cpp's RoPE scaling keys runs the scaling its HF directory runs (which
+    test_parity.py holds to transformers), and differs from the file without them."""
+    import qwenc
+    from tinymodel import make_tiny, write_gguf
+    model_dir = make_tiny(tmp_path / "hf", seed=4, rope_parameters=rope)
+    path = write_gguf(model_dir, tmp_path / "scaled.gguf", "F32")
+    ids = [5, 77, 200, 12, 199, 42, 260, 3, 150] * 4
+    ours = qwenc.load(path).logits(ids, all_positions=True)
+    np.testing.assert_allclose(ours, qwenc.load(model_dir).logits(ids, all_positions=True), atol=1e-6, rtol=0)
+    plain = make_tiny(tmp_path / "plain", seed=4)
+    assert np.abs(ours - qwenc.load(plain).logits(ids, all_positions=True)).max() > 1e-2
+    assert qwenc.load(path).config.rope_scaling.kind == rope["rope_type"]
+
+
+@pytest.mark.parametrize("key,value,refused", [
+    ("attn_factor", 2.0, True), ("yarn_attn_factor", 1.5, True), ("yarn_ext_factor", 0.5, True),
+    ("yarn_log_multiplier", 0.1, True),
+    ("attn_factor", 1.0, False), ("yarn_ext_factor", -1.0, False), ("yarn_log_multiplier", 0.0, False),
+])
+def test_llama_cpp_yarn_knobs(key, value, refused, tmp_path):
+    """llama.cpp's own YaRN settings mean something other than transformers' attention_factor:
+    refused where they would change the result, read where they change nothing."""
+    path = tmp_path / "q.gguf"
+    write_qwen3(path, with_scaling=True, scaling_extra={key: value})
+    if refused:
+        with pytest.raises(GGUFError, match=key):
+            gguf_to_hf(open_gguf(path))
+    else:
+        assert gguf_to_hf(open_gguf(path))[0]["rope_scaling"]["factor"] == 4.0

@@ -123,8 +123,11 @@ def test_rope_split_half_any_position(path, hd):
     x = rng.standard_normal((6, 3, hd)).astype(np.float32)
     pos = np.array([0, 1, 7, 100, 4095, 32767], dtype=np.int64)
     ref = rope_reference(x.astype(np.float64), pos, inv_freq)
+    scaled = x.copy()
     _ops.rope(x, pos, inv_freq)
     np.testing.assert_allclose(x, ref, atol=2e-6)
+    _ops.rope(scaled, pos, inv_freq, 1.25)  # YaRN's cos/sin scale
+    np.testing.assert_allclose(scaled, 1.25 * ref, atol=3e-6)
 
 
 def test_silu_mul_and_softmax(path):

@@ -131,8 +131,16 @@ def test_threads_from_environment(bf16_model, monkeypatch):
 
 @pytest.mark.parametrize("changes,message", [
     (dict(architectures=["LlamaForCausalLM"], model_type="llama"), "unsupported architecture"),
-    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}), "yarn"),
-    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "linear"),
+    # scalings that depend on the sequence's length (so on what else is batched) or are not Qwen's
+    (dict(rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e6}), "dynamic"),
+    (dict(rope_scaling={"type": "longrope", "factor": 2.0}), "longrope"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "llama3"),
+    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6},
+          rope_scaling={"type": "linear", "factor": 2.0}), "disagree"),
+    (dict(rope_scaling={"type": "yarn", "factor": 4.0, "partial_rotary_factor": 0.5}), "partial_rotary"),
+    (dict(rope_scaling={"type": "yarn", "factor": -4.0}), "factor"),
+    (dict(rope_scaling={"type": "linear"}), "factor"),
+    (dict(rope_scaling={"type": "yarn", "factor": 4.0, "truncate": "no"}), "truncate"),
     (dict(use_sliding_window=True, sliding_window=128), "sliding"),
     (dict(hidden_size=None), "hidden_size"),
     (dict(num_key_value_heads=3), "kv heads"),

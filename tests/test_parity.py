@@ -26,6 +26,17 @@ CASES = {
     "qwen3-tied-gqa4-bf16-sharded": dict(arch="qwen3", dtype="bf16", tie_word_embeddings=True, hidden_size=64,
                                          num_attention_heads=8, num_key_value_heads=2, head_dim=24,
                                          shard_size="80KB", num_hidden_layers=3),
+    # RoPE scaling: YaRN as Qwen's model cards prescribe it (an original context shorter than the
+    # prompts, so that the ramp and the attention factor both matter), with its optional knobs,
+    # and linear
+    "qwen2-yarn-f32": dict(arch="qwen2", dtype="f32", rope_parameters=dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=32, rope_theta=10000.0)),
+    "qwen3-yarn-mscale-bf16": dict(arch="qwen3", dtype="bf16", hidden_size=48, num_attention_heads=6,
+                                   num_key_value_heads=2, head_dim=32, rope_parameters=dict(
+        rope_type="yarn", factor=8.0, original_max_position_embeddings=24, mscale=0.7, mscale_all_dim=1.0,
+        beta_fast=16.0, beta_slow=2.0, truncate=False, rope_theta=500.0)),
+    "qwen2-linear-f32": dict(arch="qwen2", dtype="f32", rope_parameters=dict(
+        rope_type="linear", factor=3.0, rope_theta=10000.0)),
 }
 
 
@@ -151,10 +162,10 @@ class BrokenOps:
         return self.replacements.get(name) or getattr(_ops, name)
 
 
-def rope_adjacent(x, pos, inv_freq):
+def rope_adjacent(x, pos, inv_freq, mscale=1.0):
     """Wrong: pairs neighbours (2i, 2i+1), the GPT-J layout, instead of i and i + hd/2."""
     ang = pos[:, None].astype(np.float32) * inv_freq[None, :]
-    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    c, s = np.cos(ang)[:, None, :] * mscale, np.sin(ang)[:, None, :] * mscale
     a, b = x[..., 0::2].copy(), x[..., 1::2].copy()
     x[..., 0::2] = a * c - b * s
     x[..., 1::2] = b * c + a * s
@@ -235,3 +246,64 @@ def test_falsifier_softmax_without_max_fails(tmp_path, monkeypatch):
     path, ref = make_model(tmp_path, **CASES["qwen2-gqa4-f16-sharded-bigqk"])
     broken = BrokenOps(paged_attention=numpy_attention(gqa_div, subtract_max=False))
     assert parity_error(path, ref, monkeypatch, broken) > TOL * 10
+
+
+def _rope_without(part):
+    """rope_frequencies with one part of YaRN left out: its stretched frequencies ("freqs") or its
+    cos/sin scale ("mscale")."""
+    import dataclasses
+    from qwenc.formats.config import RopeScaling
+    from qwenc.model.rope import rope_frequencies
+
+    def broken(cfg):
+        inv_freq, mscale = rope_frequencies(cfg)
+        if part == "mscale":
+            return inv_freq, 1.0
+        return rope_frequencies(dataclasses.replace(cfg, rope_scaling=RopeScaling()))[0], mscale
+    return broken
+
+
+@pytest.mark.parametrize("part", ["freqs", "mscale"])
+@pytest.mark.parametrize("name", ["qwen2-yarn-f32", "qwen3-yarn-mscale-bf16"])
+def test_falsifier_yarn_in_part_fails(name, part, tmp_path, monkeypatch):
+    import qwenc.model.forward
+    path, ref = make_model(tmp_path, **CASES[name])
+    monkeypatch.setattr(qwenc.model.forward, "rope_frequencies", _rope_without(part))
+    assert parity_error(path, ref, monkeypatch) > TOL * 10
+
+
+@pytest.mark.parametrize("arch,rope,theta,head_dim,max_pos", [
+    # Qwen2.5's model cards: add this to config.json for inputs past 32,768 tokens
+    ("qwen2", {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 1e6, 128, 32768),
+    # Qwen3's, in transformers 5's layout
+    ("qwen3", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 1e6, 128, 40960),
+    ("qwen2", {"type": "yarn", "factor": 2.0}, 1e6, 64, 32768),  # the original context defaults to the model's
+    ("qwen3", {"rope_type": "linear", "factor": 2.5}, 5e5, 96, 8192),
+])
+def test_rope_scaling_of_real_shapes_equals_transformers(arch, rope, theta, head_dim, max_pos):
+    """The frequencies and cos/sin scale of real models' shapes, those transformers computes (to
+    an ulp), and the context a server then offers (YaRN: the original context times the factor,
+    as vLLM counts it)."""
+    from transformers import Qwen2Config, Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from qwenc.formats.config import config_from_dict
+    from qwenc.model.rope import rope_frequencies
+    cls = Qwen2Config if arch == "qwen2" else Qwen3Config
+    key = "rope_scaling" if "type" in rope else "rope_parameters"
+    raw = dict(architectures=[arch.capitalize() + "ForCausalLM"], hidden_size=16 * head_dim, num_attention_heads=16,
+               num_key_value_heads=2, head_dim=head_dim, intermediate_size=64, vocab_size=100,
+               num_hidden_layers=1, max_position_embeddings=max_pos, rope_theta=theta, **{key: dict(rope)})
+    theirs_cfg = cls(**{k: v for k, v in raw.items() if k != "architectures"})
+    kind = rope.get("rope_type", rope.get("type"))
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[kind](theirs_cfg, "cpu")
+    cfg = config_from_dict(raw)
+    ours, mscale = rope_frequencies(cfg)
+    # torch's float32 power is not always correctly rounded: an ulp apart at most
+    np.testing.assert_array_max_ulp(ours, inv_freq.numpy(), maxulp=1)
+    assert np.float32(mscale) == np.float32(scale)
+    if kind == "yarn":
+        original = rope.get("original_max_position_embeddings", max_pos)
+        assert cfg.context_length == max(max_pos, int(original * rope["factor"]))
+        assert mscale > 1
+    else:
+        assert cfg.context_length == int(max_pos * rope["factor"])

@@ -462,11 +462,21 @@ def test_serve_cli_binds_loopback_and_stops_on_sigterm(text_model_dir, tmp_path)
             proc.kill()
 
 
-@pytest.mark.parametrize("args, want", [((), 512), (("--context", "300"), 300), (("--kv-memory", "64KiB"), 128)])
+@pytest.mark.parametrize("args, want", [((), 512), (("--context", "300"), 300), (("--kv-memory", "64KiB"), 128),
+                                        (("yarn",), 768)])
 def test_serve_cli_context_is_the_models_unless_set(text_model_dir, tmp_path, args, want):
     """A served request may use the context the model was trained for (its config's
-    max_position_embeddings: 512 here), within the KV memory; --context sets another."""
-    proc, url = _spawn_serve(text_model_dir, tmp_path, *args)
+    max_position_embeddings: 512 here; with YaRN the original context times the factor), within
+    the KV memory; --context sets another."""
+    model_dir = text_model_dir
+    if args == ("yarn",):
+        import shutil
+        model_dir, args = tmp_path / "yarn", ()
+        shutil.copytree(text_model_dir, model_dir)
+        cfg = json.loads((model_dir / "config.json").read_text())
+        cfg["rope_scaling"] = {"type": "yarn", "factor": 1.5, "original_max_position_embeddings": 512}
+        (model_dir / "config.json").write_text(json.dumps(cfg))
+    proc, url = _spawn_serve(model_dir, tmp_path, *args)
     try:
         card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
         # 64 KiB: 8 blocks of 16 positions (2 layers, K and V, 2 heads of 16 in float32): fewer than 512

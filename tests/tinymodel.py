@@ -106,6 +106,16 @@ def write_gguf(model_dir: Path, path: Path, storage="F32", split_max_tensors=0, 
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_rope_freq_base(theta)
+    rope = cfg.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":  # the keys llama.cpp's converter writes
+        w.add_rope_scaling_type(gguf.RopeScalingType(rope["rope_type"]))
+        w.add_rope_scaling_factor(rope["factor"])
+        if "original_max_position_embeddings" in rope:
+            w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        if "beta_fast" in rope:
+            w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        if "beta_slow" in rope:
+            w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_file_type(STORAGE[storage])
     tokens = sorted(vocab, key=vocab.get) + ADDED

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import QwencError
 from . import demo as demos
+from .config import config_from_dict
 from .hub import (DEFAULT_REVISION, gguf_groups, hub_cache_dir, is_model_dir, model_dir_files)
 
 # GGUF general.file_type (llama.cpp's llama_ftype): what the file as a whole was quantized to.
@@ -48,7 +49,7 @@ def _size(paths):
 
 
 def describe_gguf(path) -> dict:
-    from .gguf import GGML_TYPES, open_gguf
+    from .gguf import GGML_TYPES, gguf_to_hf, open_gguf
     gf = open_gguf(path)
     md = gf.metadata
     arch = md.get("general.architecture")
@@ -61,6 +62,10 @@ def describe_gguf(path) -> dict:
                 by_type[GGML_TYPES[info.dtype][0]] += info.nbytes
         quant = by_type.most_common(1)[0][0] if by_type else None
     context = md.get(f"{arch}.context_length")
+    try:
+        context = config_from_dict(gguf_to_hf(gf)[0], str(path)).context_length
+    except QwencError:
+        pass  # a model qwenc cannot run is still listed, with the header's figure
     return dict(arch=arch, params=sum(t.n_elements for t in gf.tensors.values()), quant=quant,
                 context=int(context) if context is not None else None, size=_size(gf.paths), files=gf.paths)
 
@@ -99,6 +104,10 @@ def describe_model_dir(model_dir) -> dict:
     files += [model_dir / w for w in weights]
     text = cfg.get("text_config") or {}
     context = cfg.get("max_position_embeddings", text.get("max_position_embeddings"))
+    try:
+        context = config_from_dict(cfg).context_length
+    except QwencError:
+        pass
     return dict(arch=cfg.get("model_type"), params=params,
                 quant=by_dtype.most_common(1)[0][0] if by_dtype else None,
                 context=int(context) if context is not None else None, size=_size(files), files=files)

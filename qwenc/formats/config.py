@@ -1,8 +1,8 @@
 """Model hyper-parameters, read from a HuggingFace config.json (transformers 4 or 5 layout).
 
 Everything the forward pass needs is here, validated once at load, so that the model code can
-trust it. Settings we do not implement (RoPE scaling, sliding window) are refused, not ignored:
-ignoring them would give a model that talks, but wrongly.
+trust it. Settings we do not implement (sliding window, RoPE scaling other than linear and YaRN)
+are refused, not ignored: ignoring them would give a model that talks, but wrongly.
 """
 import math
 from dataclasses import dataclass
@@ -12,6 +12,23 @@ from ..errors import ConfigError
 from .jsonfile import read_json
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How RoPE's frequencies are stretched past the trained context, in transformers' terms.
+
+    "linear" divides every frequency by `factor`; "yarn" (what Qwen's model cards prescribe for
+    long inputs) divides only the slow ones, ramping between `beta_fast` and `beta_slow`
+    rotations over `original_max_position_embeddings`, and scales cos and sin by
+    `attention_factor`. Both are static: the same at every position, whatever the batch."""
+    kind: str = "default"     # "default", "linear" or "yarn"
+    factor: float = 1.0
+    original_max_position_embeddings: int = 0
+    attention_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
 
 @dataclass(frozen=True)
@@ -32,6 +49,7 @@ class ModelConfig:
     qk_norm: bool             # RMSNorm over head_dim on q and k before RoPE (Qwen3)
     eos_token_ids: tuple = ()
     torch_dtype: str = ""
+    rope_scaling: RopeScaling = RopeScaling()
 
     @property
     def q_size(self):
@@ -40,6 +58,17 @@ class ModelConfig:
     @property
     def kv_size(self):
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def context_length(self) -> int:
+        """Positions the model is meant to read: its trained context, stretched by RoPE scaling
+        (YaRN's original context times its factor, as vLLM counts it)."""
+        rs, n = self.rope_scaling, self.max_position_embeddings
+        if rs.kind == "yarn":
+            n = max(n, int(rs.original_max_position_embeddings * rs.factor))
+        elif rs.kind == "linear":
+            n = int(n * rs.factor)
+        return max(1, min(n, (1 << 31) - 1))
 
 
 def _is_int(v) -> bool:
@@ -105,13 +134,34 @@ class _Reader:
         return v
 
 
-def _rope_theta(r: _Reader) -> float:
-    """theta and a refusal of scaled RoPE, in either config layout."""
+def _rope_block(r: _Reader) -> tuple:
+    """The config's RoPE settings, (kind, block): transformers 5's `rope_parameters` or
+    transformers 4's `rope_scaling`, whichever names a scaling type (both may not)."""
     params, scaling = r.dict("rope_parameters"), r.dict("rope_scaling")
-    for block in (params, scaling):
-        kind = block.get("rope_type", block.get("type", "default"))
-        if kind not in (None, "default"):
-            raise r.error(f"rope type {kind!r} (RoPE scaling/YaRN) is not supported"[:300])
+    kinds = [_rope_kind(r, b) for b in (params, scaling)]
+    if kinds[0] != "default" and kinds[1] != "default" and kinds[0] != kinds[1]:
+        raise r.error(f"rope_parameters ({kinds[0]!r}) and rope_scaling ({kinds[1]!r}) disagree")
+    if kinds[0] == "default" and kinds[1] != "default":
+        return kinds[1], scaling
+    return kinds[0], params
+
+
+def _rope_kind(r: _Reader, block: dict) -> str:
+    kind = block.get("rope_type", block.get("type", "default"))
+    kind = "default" if kind is None else kind
+    if kind not in ("default", "linear", "yarn"):
+        raise r.error(f"rope type {kind!r} is not supported (RoPE scaling: 'linear' and 'yarn' are)"[:300])
+    return kind
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _rope(r: _Reader) -> tuple:
+    """theta and the RoPE scaling, in either config layout, computed as transformers does."""
+    kind, block = _rope_block(r)
+    params = r.dict("rope_parameters")
     if params.get("rope_theta") is not None:
         theta = _Reader(params, f"{r.source} (rope_parameters)").float("rope_theta", positive=True)
     elif r.cfg.get("rope_theta") is None:
@@ -120,7 +170,32 @@ def _rope_theta(r: _Reader) -> float:
         theta = r.float("rope_theta", positive=True)
     if theta < 1:  # the frequencies theta ** (-2i / d) would grow past float32 instead of falling
         raise r.error(f"'rope_theta' must be >= 1, got {theta!r}")
-    return theta
+    if kind == "default":
+        return theta, RopeScaling()
+    b = _Reader(block, f"{r.source} (rope scaling)")
+    if block.get("partial_rotary_factor", 1.0) != 1.0 or r.cfg.get("partial_rotary_factor", 1.0) not in (1.0, None):
+        raise r.error("partial_rotary_factor is not supported")
+    max_pos = r.int("max_position_embeddings", default=32768, hi=(1 << 31) - 1)
+    if kind == "linear":
+        return theta, RopeScaling("linear", factor=b.float("factor", positive=True))
+    if theta == 1:  # the ramp's bounds divide by log(theta)
+        raise r.error("YaRN needs rope_theta > 1")
+    original = b.int("original_max_position_embeddings", default=max_pos, hi=(1 << 31) - 1)
+    # transformers: a missing factor is the ratio of the two contexts
+    factor = b.float("factor", default=max_pos / original, positive=True)
+    if block.get("attention_factor") is not None:
+        attention = b.float("attention_factor", positive=True)
+    else:
+        mscale, mscale_all = b.float("mscale", default=0.0), b.float("mscale_all_dim", default=0.0)
+        if mscale and mscale_all:
+            attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+        else:
+            attention = _yarn_mscale(factor)
+    # transformers reads a zero beta as its default (`or`)
+    beta_fast, beta_slow = b.float("beta_fast", default=0.0) or 32.0, b.float("beta_slow", default=0.0) or 1.0
+    return theta, RopeScaling("yarn", factor=factor, original_max_position_embeddings=original,
+                              attention_factor=attention, beta_fast=beta_fast, beta_slow=beta_slow,
+                              truncate=b.bool("truncate", True))
 
 
 def _eos_ids(r: _Reader) -> tuple:
@@ -151,6 +226,7 @@ def config_from_dict(cfg: dict, source: str = "config.json") -> ModelConfig:
         raise ConfigError(f"{source}: use_sliding_window is on; sliding-window attention is not supported")
 
     hidden = r.int("hidden_size")
+    theta, rope_scaling = _rope(r)
     heads = r.int("num_attention_heads")
     kv_heads = r.int("num_key_value_heads", default=heads)
     head_dim = r.int("head_dim", default=hidden // heads)
@@ -170,13 +246,14 @@ def config_from_dict(cfg: dict, source: str = "config.json") -> ModelConfig:
         intermediate_size=r.int("intermediate_size"),
         vocab_size=r.int("vocab_size", hi=(1 << 31) - 1),
         rms_norm_eps=r.float("rms_norm_eps", default=1e-6),
-        rope_theta=_rope_theta(r),
+        rope_theta=theta,
         max_position_embeddings=r.int("max_position_embeddings", default=32768, hi=(1 << 31) - 1),
         tie_word_embeddings=r.bool("tie_word_embeddings", False),
         attention_bias=r.bool("attention_bias", arch == "qwen2"),
         qk_norm=arch == "qwen3",
         eos_token_ids=_eos_ids(r),
         torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "")[:64],
+        rope_scaling=rope_scaling,
     )
 
 

@@ -533,14 +533,22 @@ def gguf_to_hf(gf: GGUFFile):
         "attention_bias": "blk.0.attn_q.bias" in gf.tensors,
         "torch_dtype": "float32",
     }
-    # RoPE scaling, when present, is passed on so that the loader can refuse what it cannot run.
+    # RoPE scaling in transformers' terms; the loader refuses what it cannot run.
     scaling = gf.metadata.get(f"{arch}.rope.scaling.type")
     if scaling is not None and scaling != "none":
         rope = {"rope_type": str(scaling)[:100], "type": str(scaling)[:100]}
-        if f"{arch}.rope.scaling.factor" in gf.metadata:
-            rope["factor"] = m.float(f"{arch}.rope.scaling.factor")
-        if f"{arch}.rope.scaling.original_context_length" in gf.metadata:
-            rope["original_max_position_embeddings"] = m.int(f"{arch}.rope.scaling.original_context_length")
+        key = f"{arch}.rope.scaling."
+        for name, hf in (("factor", "factor"), ("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            if key + name in gf.metadata:
+                rope[hf] = m.float(key + name)
+        if key + "original_context_length" in gf.metadata:
+            rope["original_max_position_embeddings"] = m.int(key + "original_context_length")
+        # llama.cpp's own YaRN knobs, whose meaning differs from transformers' attention_factor:
+        # read only at the values that change nothing
+        for name, neutral in (("attn_factor", (1.0,)), ("yarn_attn_factor", (1.0,)),
+                              ("yarn_ext_factor", (-1.0, 1.0)), ("yarn_log_multiplier", (0.0,))):
+            if key + name in gf.metadata and gf.metadata[key + name] not in neutral:
+                raise GGUFError(f"{gf.path}: {key + name} = {gf.metadata[key + name]!r} is not supported"[:300])
         config["rope_scaling"] = rope
     for key in ("eos_token_id", "bos_token_id"):
         if f"tokenizer.ggml.{key}" in gf.metadata:

@@ -27,6 +27,7 @@ from .. import _ops
 from .._ops import ACTIVATIONS, KV_DTYPES
 from ..errors import ContextLengthExceeded, InvalidRequest
 from ..formats.config import ModelConfig
+from .rope import rope_frequencies
 from .weights import Layer, Weights, release_pages
 
 BLOCK_SIZE = 16       # token positions per KV block
@@ -204,9 +205,7 @@ class Transformer:
         self.activations = activations
         self._act = ACTIVATIONS[activations]
         hd = cfg.head_dim
-        # float32 throughout, as the reference computes it: theta ** (2i / hd), then 1 / that.
-        exponent = np.arange(0, hd, 2, dtype=np.int64).astype(np.float32) / np.float32(hd)
-        self.inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
+        self.inv_freq, self.rope_mscale = rope_frequencies(cfg)
         self.scale = float(1.0 / np.sqrt(hd))
         self._ws = None
         # Steps whose rows share one KV cache (every engine step, every single sequence) run
@@ -241,8 +240,8 @@ class Transformer:
         k = ws.k.reshape(T, cfg.num_kv_heads, hd)
         v = ws.v.reshape(T, cfg.num_kv_heads, hd)
         attn = ws.attn.reshape(T, cfg.num_heads, hd)
-        _ops.rope(q, pos, self.inv_freq)
-        _ops.rope(k, pos, self.inv_freq)
+        _ops.rope(q, pos, self.inv_freq, self.rope_mscale)
+        _ops.rope(k, pos, self.inv_freq, self.rope_mscale)
         for g in groups:
             if isinstance(g.rows, slice):
                 gq, gk, gv, go = q[g.rows], k[g.rows], v[g.rows], attn[g.rows]
@@ -346,7 +345,7 @@ class Transformer:
                       for li, L in enumerate(self.weights.layers)]
             stack = _ops.LayerStack(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                     cfg.intermediate_size, cfg.rms_norm_eps, self.scale, self.inv_freq,
-                                    self._act, bufs, layers)
+                                    self._act, bufs, layers, self.rope_mscale)
             held = cache.layer_stack = (weakref.ref(self), ws, stack)
         return held[2]
 
