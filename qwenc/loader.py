@@ -7,8 +7,8 @@ downloaded into the HuggingFace cache when missing (qwenc.formats.resolve and .h
 """
 from pathlib import Path
 
-from .errors import InvalidRequest, ModelFormatError
-from .formats.config import config_from_dict, load_config
+from .errors import ConfigError, InvalidRequest, ModelFormatError
+from .formats.config import config_from_dict, load_config, with_rope_scaling
 from .formats.generation_config import load_generation_defaults
 from .formats.resolve import resolve_model_path
 from .formats.safetensors import read_checkpoint
@@ -58,7 +58,7 @@ DEFAULT_ACTIVATIONS = "int16"
 
 
 def load(path, dtype: str = None, threads: int = None, context: int = 4096,
-         activations: str = DEFAULT_ACTIVATIONS, kv_cache: str = "auto") -> Model:
+         activations: str = DEFAULT_ACTIVATIONS, kv_cache: str = "auto", rope_scaling: dict = None) -> Model:
     """Load a Qwen2/Qwen2.5/Qwen3 model.
 
     path:    model directory, .gguf file, demo name, or hub id (OWNER/REPO[:QUANT][@REV],
@@ -80,6 +80,10 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096,
              half the bytes a long context reads per token), or "auto" (default): "f16" where
              an integer activation mode runs on block-quantized weights, "f32" in the exact
              mode and for float weights. Attention computes in float32 either way.
+    rope_scaling: RoPE scaling in place of what the model's files say, as config.json's
+             `rope_scaling` writes it: {"type": "yarn", "factor": 4.0,
+             "original_max_position_embeddings": 32768} reads Qwen2.5 past 32,768 tokens
+             (a GGUF converted without it has no other way to say so); {} turns it off.
     """
     if dtype not in DTYPES:
         raise InvalidRequest(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -90,6 +94,11 @@ def load(path, dtype: str = None, threads: int = None, context: int = 4096,
         cfg, tensors, tokenizer, gen, template = _gguf_parts(p)
     else:
         raise ModelFormatError(f"{p}: not a model directory or a GGUF file")
+    if rope_scaling is not None:
+        try:
+            cfg = with_rope_scaling(cfg, rope_scaling)
+        except ConfigError as exc:
+            raise InvalidRequest(str(exc)) from None
     if tokenizer is not None:
         # Every id the tokenizer can produce must have an embedding row: one past them would be
         # refused by the first forward pass instead of here.

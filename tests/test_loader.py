@@ -153,6 +153,34 @@ def test_refused_configs(bf16_model, tmp_path, changes, message):
     assert "config.json" in str(exc.value)
 
 
+def test_rope_scaling_override_equals_the_config_saying_it(bf16_model, tmp_path):
+    """load(rope_scaling=...) runs what the same scaling in config.json runs (which
+    test_parity.py holds to transformers); {} turns a file's scaling off; a bad one is refused."""
+    path = bf16_model[0]
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    scaled = copy_model(path, tmp_path / "scaled")
+    edit_config(scaled, rope_scaling=yarn)
+    ids = list(range(3, 60))
+    want = qwenc.load(scaled).logits(ids, all_positions=True)
+    over = qwenc.load(path, rope_scaling=yarn)
+    assert over.config.rope_scaling.kind == "yarn" and over.config.context_length == 512
+    np.testing.assert_array_equal(over.logits(ids, all_positions=True), want)
+    plain = qwenc.load(path).logits(ids, all_positions=True)
+    assert np.abs(plain - want).max() > 1e-2
+    np.testing.assert_array_equal(qwenc.load(scaled, rope_scaling={}).logits(ids, all_positions=True), plain)
+    for bad, message in [("yarn", "object"), ({"type": "dynamic", "factor": 2.0}, "dynamic"),
+                         ({"type": "yarn", "factor": "4"}, "factor")]:
+        with pytest.raises(qwenc.InvalidRequest, match=message):
+            qwenc.load(path, rope_scaling=bad)
+
+
+def test_cli_rope_scaling(bf16_model, capsys):
+    from qwenc import cli
+    with pytest.raises(SystemExit):
+        cli.main(["gen", "-m", str(bf16_model[0]), "--rope-scaling", "yarn", "hi"])
+    assert "JSON" in capsys.readouterr().err
+
+
 def rewrite_safetensors(path, drop=None, reshape=None):
     """Rewrite model.safetensors without tensor `drop`, or with `reshape` = (name, new_shape)."""
     from safetensors.numpy import load_file, save_file

@@ -346,3 +346,18 @@ def test_demo_table_matches_the_extras_that_install_it():
         assert all(len(p) == 2 for p in pins), extras[model.extra]  # pinned: the hash is of one release
         assert [pkg.replace("-", "_") for pkg, _ in pins] == list(model.packages), name
     assert qwenc.formats.demo.DEMOS["demo-1.5b"].size == 1_117_320_768
+
+
+def test_cli_rope_scaling_reaches_the_model(tiny, capsys):
+    """`--rope-scaling JSON` is load(rope_scaling=...): the same text as the API gives with it,
+    on a GGUF whose header says nothing of scaling."""
+    import json as _json
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+    code, out, err = run_main(capsys, "gen", "-m", str(tiny[1]), "--rope-scaling", _json.dumps(yarn),
+                              "--temperature", "0", "-n", "12", "hello there")
+    assert code == 0, err
+    want = qwenc.load(tiny[1], rope_scaling=yarn).generate("hello there", max_tokens=12, temperature=0)
+    assert out == want + "\n"
+    code, out2, err = run_main(capsys, "gen", "-m", str(tiny[1]), "--temperature", "0", "-n", "12", "hello there")
+    assert out2 == qwenc.load(tiny[1]).generate("hello there", max_tokens=12, temperature=0) + "\n"
+    assert out != out2  # the scaling did reach the model

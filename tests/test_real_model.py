@@ -304,6 +304,35 @@ def test_falsifiers_fail_the_thresholds(demo_gguf, breakage, long_window, ref_lo
     assert not q.passes(MIN_AGREEMENT, MAX_KL), f"{breakage.__name__} went unnoticed: {q}"
 
 
+def test_yarn_agrees_with_transformers(demo_gguf, ref, long_window):
+    """Qwen's YaRN recipe on the real model's shapes (head_dim 64, 14 query heads on 2 kv heads,
+    theta 1e6): qwenc with rope_scaling against transformers with the same rope_parameters, held
+    to the stored weights' thresholds; the plain model against the scaled reference fails them."""
+    import copy
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    n = 256
+    ids = long_window[:n]
+    config = copy.deepcopy(ref.config)
+    config.rope_parameters = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
+                              "rope_theta": ref.config.rope_parameters["rope_theta"]}
+    plain_rotary = ref.model.rotary_emb
+    ref.model.rotary_emb = type(plain_rotary)(config=config)
+    try:
+        assert ref.model.rotary_emb.attention_scaling > 1.1
+        theirs = reference_logits(ref, ids)
+    finally:
+        ref.model.rotary_emb = plain_rotary
+    scaled = qwenc.load(demo_gguf, context=n, activations="f32", rope_scaling=yarn)
+    q = Tally()
+    q.add(*compare_logits(theirs, scaled.logits(ids, all_positions=True), scaled.n_vocab))
+    print(f"\nYaRN x4: {q}")
+    assert q.passes(MIN_AGREEMENT, MAX_KL), q
+    plain = qwenc.load(demo_gguf, context=n, activations="f32")
+    p = Tally()
+    p.add(*compare_logits(theirs, plain.logits(ids, all_positions=True), plain.n_vocab))
+    assert not p.passes(MIN_AGREEMENT, MAX_KL), p
+
+
 def test_generation_ends_at_endoftext_as_well(ours):
     """The GGUF names one end token, <|im_end|>; the model's generation_config.json (and
     llama.cpp) end at <|endoftext|> too, which the demo model writes after a tool call: it must

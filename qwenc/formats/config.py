@@ -4,6 +4,7 @@ Everything the forward pass needs is here, validated once at load, so that the m
 trust it. Settings we do not implement (sliding window, RoPE scaling other than linear and YaRN)
 are refused, not ignored: ignoring them would give a model that talks, but wrongly.
 """
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,6 +256,18 @@ def config_from_dict(cfg: dict, source: str = "config.json") -> ModelConfig:
         torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "")[:64],
         rope_scaling=rope_scaling,
     )
+
+
+def with_rope_scaling(cfg: ModelConfig, scaling: dict, source: str = "rope_scaling") -> ModelConfig:
+    """cfg with the RoPE scaling a user asks for in place of the file's: `scaling` read as a
+    config.json's `rope_scaling` is ({"type": "yarn", "factor": 4.0, ...}; {} or type "default"
+    for none), against the file's theta and context."""
+    if not isinstance(scaling, dict):
+        raise ConfigError(f"{source}: expected an object like {{\"type\": \"yarn\", \"factor\": 4.0}}, "
+                          f"got {scaling!r}"[:300])
+    r = _Reader({"rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position_embeddings,
+                 "rope_scaling": scaling}, source)
+    return dataclasses.replace(cfg, rope_scaling=_rope(r)[1])
 
 
 def load_config(model_dir) -> ModelConfig:
