@@ -21,11 +21,11 @@ from .formats.tensors import row_bytes
 def weight_bytes_per_token(model) -> int:
     w, cfg = model.weights, model.config
     total = 0
-    for lin in w.linears():  # the copy the products read (repacked, in the integer modes)
-        total += (lin.packed if lin.packed is not None else lin.weight).data.nbytes
+    for lin, share in w.linears_per_token():  # the copy the products read (repacked, in the integer modes)
+        total += (lin.packed if lin.packed is not None else lin.weight).data.nbytes * share
     if w.lm_head is not w.embed:
         total += row_bytes(w.embed.dtype, cfg.hidden_size)
-    return total
+    return int(total)
 
 
 def measure_bandwidth(mb: int = 1024, repeats: int = 5) -> float:
@@ -92,10 +92,10 @@ def int_products_per_token(model, logits_rows: float = 1.0) -> float:
     levels = {"int16": 2, "int8": 1}.get(model.activations, 0)
     w = model.weights
     total = 0.0
-    for lin in w.linears():
+    for lin, share in w.linears_per_token():
         if lin.packed is None:
             continue
-        n = lin.weight.shape[0] * lin.weight.shape[1]
+        n = lin.weight.shape[0] * lin.weight.shape[1] * share
         total += n * (logits_rows if lin is w.head else 1.0)
     return levels * total
 

@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -27,7 +28,7 @@ def _fill(model, seed, qk_bias_scale=0.1):
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
             else:
-                fan_in = p.shape[1]
+                fan_in = p.shape[-1]  # stacked experts: [experts, out, in]
                 big = "o_proj" in name or "down_proj" in name
                 p.copy_(torch.randn(p.shape, generator=g) * ((16.0 if big else 1.0) / fan_in) ** 0.5)
 
@@ -40,6 +41,9 @@ def make_model(out_dir, arch="qwen2", dtype="f32", seed=0, shard_size=None, qk_b
     base.update(overrides)
     if arch == "qwen2":
         cfg, cls = Qwen2Config(**base), Qwen2ForCausalLM
+    elif arch == "qwen3_moe":
+        moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
+        cfg, cls = Qwen3MoeConfig(**{**moe, **base}), Qwen3MoeForCausalLM
     else:
         cfg, cls = Qwen3Config(**base), Qwen3ForCausalLM
     torch.manual_seed(seed)

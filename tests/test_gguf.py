@@ -477,3 +477,92 @@ def test_llama_cpp_yarn_knobs(key, value, refused, tmp_path):
             gguf_to_hf(open_gguf(path))
     else:
         assert gguf_to_hf(open_gguf(path))[0]["rope_scaling"]["factor"] == 4.0
+
+
+# ---------------------------------------------------------------- Qwen3-MoE
+
+@pytest.fixture(scope="module")
+def moe_files(tmp_path_factory):
+    from tinymodel import make_tiny, write_gguf
+    root = tmp_path_factory.mktemp("moe")
+    model_dir = make_tiny(root / "hf", seed=6, arch="qwen3_moe")
+    return model_dir, write_gguf(model_dir, root / "f32.gguf", "F32"), write_gguf(model_dir, root / "q8.gguf", "Q8_0")
+
+
+IDS = [5, 77, 200, 12, 199, 42, 260, 3, 150, 9, 31, 64]
+
+
+def test_qwen3moe_gguf_computes_what_the_directory_computes(moe_files):
+    """llama.cpp's qwen3moe layout (a router per layer, each kind of expert matrix stacked in one
+    3-D tensor) reads as the directory's per-expert matrices (which test_parity.py holds to
+    transformers): the same logits, bit for bit, from the same float32 weights."""
+    import qwenc
+    model_dir, f32, _ = moe_files
+    config, hf = gguf_to_hf(open_gguf(f32))
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"] and config["num_experts"] == 8
+    assert config["num_experts_per_tok"] == 2 and config["moe_intermediate_size"] == 64
+    assert hf["model.layers.0.mlp.experts.gate_proj.weight"].shape == (8, 64, 64)
+    assert hf["model.layers.1.mlp.gate.weight"].shape == (8, 64)
+    ours = qwenc.load(f32)
+    assert ours.config.moe_layers == (0, 1)
+    np.testing.assert_array_equal(ours.logits(IDS, all_positions=True),
+                                  qwenc.load(model_dir).logits(IDS, all_positions=True))
+
+
+@pytest.mark.parametrize("activations", ["int16", "int8"])
+def test_qwen3moe_integer_modes_repack_the_experts_and_batch_invariantly(moe_files, activations):
+    """Quantized experts go through the integer kernels (each expert repacked like any matrix),
+    and a row's logits are the same bits whether it is decoded alone or beside others (whose
+    tokens pick other experts)."""
+    import qwenc
+    _, _, q8 = moe_files
+    model = qwenc.load(q8, activations=activations, context=64)
+    experts = [lin for layer in model.weights.layers for e in layer.experts for lin in e]
+    assert len(experts) == 2 * 8 * 3 and all(lin.packed is not None for lin in experts)
+    exact = qwenc.load(q8, activations="f32").logits(IDS, all_positions=True)
+    assert np.abs(model.logits(IDS, all_positions=True) - exact).max() < (0.05 if activations == "int16" else 0.5)
+    prompts = [IDS[:4], IDS[2:11], [7, 8, 9, 100, 101], IDS[::-1]]
+    seqs = [model.new_sequence() for _ in prompts]
+    for s, p in zip(seqs, prompts):
+        model.forward(s, p[:-1])
+    for row, p in zip(model.decode_batch(seqs, [p[-1] for p in prompts]), prompts):
+        np.testing.assert_array_equal(row, model.logits(p))
+
+
+def test_qwen3moe_fused_expert_tensors(moe_files, tmp_path):
+    """transformers' in-memory layout saved as is (experts.gate_up_proj [experts, 2 x rows,
+    cols], experts.down_proj [experts, cols, rows]) reads as the per-expert one."""
+    import shutil
+    import qwenc
+    from safetensors.numpy import load_file, save_file
+    model_dir = moe_files[0]
+    fused = tmp_path / "fused"
+    shutil.copytree(model_dir, fused)
+    tensors = load_file(str(fused / "model.safetensors"))
+    out = {k: v for k, v in tensors.items() if ".experts." not in k}
+    for layer in range(2):
+        p = f"model.layers.{layer}.mlp.experts."
+        out[p + "gate_up_proj"] = np.stack([np.concatenate([tensors[f"{p}{e}.gate_proj.weight"],
+                                                            tensors[f"{p}{e}.up_proj.weight"]]) for e in range(8)])
+        out[p + "down_proj"] = np.stack([tensors[f"{p}{e}.down_proj.weight"] for e in range(8)])
+    save_file(out, str(fused / "model.safetensors"), metadata={"format": "pt"})
+    np.testing.assert_array_equal(qwenc.load(fused).logits(IDS, all_positions=True),
+                                  qwenc.load(model_dir).logits(IDS, all_positions=True))
+    out["model.layers.1.mlp.experts.down_proj"] = out["model.layers.1.mlp.experts.down_proj"][:7]
+    save_file(out, str(fused / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(qwenc.WeightError, match="down_proj"):
+        qwenc.load(fused)
+
+
+def test_qwen3moe_engine_batched_equals_alone(moe_files):
+    """The serving engine on a MoE model: mixed prefill and decode steps of several requests give
+    each the tokens it gets alone (greedy), in the default integer mode on quantized experts."""
+    import qwenc
+    from qwenc.engine.engine import Engine
+    model = qwenc.load(moe_files[2], context=256)
+    prompts = ["hello there", "the hell", "tell the hell", "he he he", "a b c d e f g"]
+    want = [list(model.generate_tokens(model.tokenizer.encode(p), max_tokens=10, temperature=0,
+                                       stop_token_ids=[])) for p in prompts]
+    with Engine(model, max_batch=4, kv_memory="8MiB", max_step_tokens=5) as engine:
+        got = engine.generate(prompts, max_tokens=10, temperature=0, ignore_eos=True)
+    assert [c.token_ids for c in got] == want

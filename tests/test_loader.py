@@ -275,3 +275,23 @@ def test_bad_request_fails_before_the_prefill(bf16_model, monkeypatch, bad):
     with pytest.raises(qwenc.InvalidRequest):
         list(model.generate_tokens([1, 2, 3], **{"max_tokens": 4, "temperature": 1.0, **bad}))
     assert steps == []
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(num_experts=None, num_local_experts=None), "num_local_experts"),
+    (dict(num_experts_per_tok=9), "num_experts_per_tok"),
+    (dict(moe_intermediate_size=None), "moe_intermediate_size"),
+    (dict(mlp_only_layers="1"), "mlp_only_layers"),
+    (dict(shared_expert_intermediate_size=128), "shared experts"),
+])
+def test_refused_moe_configs(changes, message):
+    from qwenc.formats.config import config_from_dict
+    cfg = dict(architectures=["Qwen3MoeForCausalLM"], hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+               intermediate_size=96, vocab_size=384, num_hidden_layers=4, rope_theta=1e6, num_experts=8,
+               num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=2, mlp_only_layers=[3])
+    ok = config_from_dict(dict(cfg))
+    # transformers' rule: every decoder_sparse_step-th layer, less mlp_only_layers
+    assert ok.moe_layers == (1,) and ok.qk_norm and not ok.attention_bias
+    cfg.update(changes)
+    with pytest.raises(qwenc.ConfigError, match=message):
+        config_from_dict({k: v for k, v in cfg.items() if v is not None})

@@ -1,8 +1,8 @@
 """Parity with transformers' own Qwen2/Qwen3 classes on seeded random-weight models.
 
 Each case covers a different corner: attention biases, tied and untied heads, GQA ratios 1, 2, 3
-and 4, Qwen3's head_dim != hidden / heads, F32/BF16/F16 files, sharded checkpoints, and one with
-large q/k biases (as real Qwen2 checkpoints have) whose attention scores exceed exp()'s float32
+and 4, Qwen3's head_dim != hidden / heads, F32/BF16/F16 files, sharded checkpoints, RoPE scaling
+(YaRN, linear), Qwen3-MoE's experts, and one with large q/k biases (as real Qwen2 checkpoints have) whose attention scores exceed exp()'s float32
 range unless the softmax subtracts the max. The falsifiers at the end swap in deliberately broken
 kernels and show that the same checks then fail.
 """
@@ -37,6 +37,12 @@ CASES = {
         beta_fast=16.0, beta_slow=2.0, truncate=False, rope_theta=500.0)),
     "qwen2-linear-f32": dict(arch="qwen2", dtype="f32", rope_parameters=dict(
         rope_type="linear", factor=3.0, rope_theta=10000.0)),
+    # Qwen3-MoE: 8 experts, 2 a token, renormalised; then 3 of 8 not renormalised, with a dense
+    # layer among the expert layers (mlp_only_layers) and GQA 3
+    "qwen3moe-top2-f32": dict(arch="qwen3_moe", dtype="f32"),
+    "qwen3moe-top3-dense-layer-bf16": dict(arch="qwen3_moe", dtype="bf16", num_hidden_layers=3, mlp_only_layers=[1],
+                                           num_experts_per_tok=3, norm_topk_prob=False, hidden_size=48,
+                                           num_attention_heads=6, num_key_value_heads=2, head_dim=32),
 }
 
 
@@ -307,3 +313,24 @@ def test_rope_scaling_of_real_shapes_equals_transformers(arch, rope, theta, head
         assert mscale > 1
     else:
         assert cfg.context_length == int(max_pos * rope["factor"])
+
+
+@pytest.mark.parametrize("name", ["qwen3moe-top2-f32", "qwen3moe-top3-dense-layer-bf16"])
+@pytest.mark.parametrize("wrong", ["renormalisation flipped", "one expert fewer", "another expert's weights"])
+def test_falsifier_wrong_experts_fail(name, wrong, tmp_path, monkeypatch):
+    """The MoE cases can tell a wrong routing from the right one."""
+    import dataclasses
+    path, ref = make_model(tmp_path, **CASES[name])
+    model = qwenc.load(path)
+    t = model.transformer
+    if wrong == "renormalisation flipped":
+        t.config = dataclasses.replace(t.config, norm_topk_prob=not t.config.norm_topk_prob)
+    elif wrong == "one expert fewer":
+        t.config = dataclasses.replace(t.config, num_experts_per_tok=t.config.num_experts_per_tok - 1)
+    else:
+        for layer in model.weights.layers:
+            if layer.experts:
+                layer.experts = layer.experts[1:] + layer.experts[:1]
+    ids = prompt(24)
+    err = np.abs(model.logits(ids, all_positions=True) - ref_logits(ref, ids)).max()
+    assert err > TOL * 10, f"{wrong} went unnoticed: {err}"

@@ -29,9 +29,10 @@ def tokenizer():
     return tok, vocab
 
 
-def make_tiny(out_dir, seed=5, **overrides):
-    """A random qwen2 model directory (float32) with tokenizer.json and tokenizer_config.json."""
-    model_dir, _ = make_model(out_dir, arch="qwen2", dtype="f32", seed=seed, **overrides)
+def make_tiny(out_dir, seed=5, arch="qwen2", **overrides):
+    """A random qwen2 (or qwen3_moe) model directory (float32) with tokenizer.json and
+    tokenizer_config.json."""
+    model_dir, _ = make_model(out_dir, arch=arch, dtype="f32", seed=seed, **overrides)
     tok, _ = tokenizer()
     tok.save(str(Path(model_dir) / "tokenizer.json"))
     (Path(model_dir) / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
@@ -41,7 +42,8 @@ def make_tiny(out_dir, seed=5, **overrides):
 _GGUF_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"}
+               "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+               "mlp.gate": "ffn_gate_inp"}
 _GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
 
@@ -74,7 +76,7 @@ def _stored(name, arr, storage, rng):
     """(data, raw_dtype) for one tensor: 1-D tensors (norms, biases) stay float32."""
     import gguf
     T = gguf.GGMLQuantizationType
-    if arr.ndim == 1 or storage == "F32":
+    if arr.ndim == 1 or storage == "F32" or name.endswith("ffn_gate_inp.weight"):  # llama.cpp keeps routers F32
         return arr, None
     if storage == "F16":
         return arr.astype(np.float16), None
@@ -98,7 +100,15 @@ def write_gguf(model_dir: Path, path: Path, storage="F32", split_max_tensors=0, 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((model_dir / "config.json").read_text())
     theta = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]
-    w = gguf.GGUFWriter(str(path), "qwen2", split_max_tensors=split_max_tensors)
+    arch = "qwen3moe" if cfg["architectures"] == ["Qwen3MoeForCausalLM"] else "qwen2"
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
+    if arch == "qwen3moe":
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
@@ -128,10 +138,18 @@ def write_gguf(model_dir: Path, path: Path, storage="F32", split_max_tensors=0, 
     tensors = {}
     for f in sorted(Path(model_dir).glob("*.safetensors")):
         tensors.update(load_file(str(f)))
-    for name, arr in tensors.items():
+    stacked = {}  # experts' matrices, one 3-D tensor per layer and kind, as llama.cpp stores them
+    for name in sorted(tensors):
+        parts = name.split(".")
+        if len(parts) == 8 and parts[4] == "experts":
+            stacked.setdefault(f"blk.{parts[2]}.ffn_{parts[6][:-5]}_exps.weight", []).append((int(parts[5]), name))
+    experts = {n for group in stacked.values() for _, n in group}
+    items = [(gguf_name(n), arr) for n, arr in tensors.items() if n not in experts]
+    items += [(g, np.stack([tensors[n] for _, n in sorted(group)])) for g, group in stacked.items()]
+    for name, arr in items:
         assert arr.dtype == np.float32, name
-        data, raw = _stored(gguf_name(name), arr, storage, rng)
-        w.add_tensor(gguf_name(name), data, raw_dtype=raw)
+        data, raw = _stored(name, arr, storage, rng)
+        w.add_tensor(name, data, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -411,7 +411,7 @@ def open_gguf(path):
 
 # ---------------------------------------------------------------- GGUF -> HF names and config
 
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
 
 _TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -432,6 +432,11 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # Qwen3-MoE: the router, and each expert MLP's matrices stacked [experts, rows, cols]
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 
 
@@ -523,7 +528,8 @@ def gguf_to_hf(gf: GGUFFile):
         "num_hidden_layers": m.int(f"{arch}.block_count", lo=1),
         "num_attention_heads": heads,
         "num_key_value_heads": m.int(f"{arch}.attention.head_count_kv", heads, lo=1),
-        "intermediate_size": m.int(f"{arch}.feed_forward_length", lo=1),
+        "intermediate_size": m.int(f"{arch}.feed_forward_length",
+                                   m.int(f"{arch}.expert_feed_forward_length", 0, lo=0) or None, lo=1),
         "rms_norm_eps": m.float(f"{arch}.attention.layer_norm_rms_epsilon"),
         "rope_theta": m.float(f"{arch}.rope.freq_base", 10000.0),
         "max_position_embeddings": m.int(f"{arch}.context_length", lo=1),
@@ -533,6 +539,18 @@ def gguf_to_hf(gf: GGUFFile):
         "attention_bias": "blk.0.attn_q.bias" in gf.tensors,
         "torch_dtype": "float32",
     }
+    if arch == "qwen3moe":
+        # llama.cpp's qwen3moe: experts in every layer that has a router, their weights
+        # renormalised unless the file says otherwise
+        n_layers = config["num_hidden_layers"]
+        config.update({
+            "num_experts": m.int(f"{arch}.expert_count", lo=1),
+            "num_experts_per_tok": m.int(f"{arch}.expert_used_count", lo=1),
+            "moe_intermediate_size": m.int(f"{arch}.expert_feed_forward_length", lo=1),
+            "norm_topk_prob": bool(gf.metadata.get(f"{arch}.expert_weights_norm", True)),
+            "mlp_only_layers": [i for i in range(min(n_layers, 1 << 16))
+                                if f"blk.{i}.ffn_gate_inp.weight" not in gf.tensors],
+        })
     # RoPE scaling in transformers' terms; the loader refuses what it cannot run.
     scaling = gf.metadata.get(f"{arch}.rope.scaling.type")
     if scaling is not None and scaling != "none":

@@ -211,7 +211,7 @@ class Transformer:
         # Steps whose rows share one KV cache (every engine step, every single sequence) run
         # all their layers in one C call (_ops.forward_layers): the same kernels in the same
         # order as _block, without returning to Python between them. False runs _block's path.
-        self.fused = True
+        self.fused = not cfg.moe_layers  # the C path has no experts
         # the integer modes run on row-interleaved copies of the quantized weights
         integer = bool(self._act) and weights.repack()
         # "auto": where the products already round activations (an integer mode on quantized
@@ -255,11 +255,43 @@ class Transformer:
         layer.o(ws.attn, ws.o, self._act)
         ws.x += ws.o
         _ops.rmsnorm(ws.x, layer.mlp_norm, cfg.rms_norm_eps, ws.h)
-        _ops.matmul_group([layer.gate.product(ws.gate), layer.up.product(ws.up)], ws.h, self._act)
-        g = ws.gate.reshape(-1)
-        _ops.silu_mul(g, ws.up.reshape(-1), g)
-        layer.down(ws.gate, ws.o, self._act)
+        if layer.experts is not None:
+            self._experts(layer, ws)
+        else:
+            _ops.matmul_group([layer.gate.product(ws.gate), layer.up.product(ws.up)], ws.h, self._act)
+            g = ws.gate.reshape(-1)
+            _ops.silu_mul(g, ws.up.reshape(-1), g)
+            layer.down(ws.gate, ws.o, self._act)
         ws.x += ws.o
+
+    def _experts(self, layer: Layer, ws: Workspace):
+        """Qwen3-MoE's MLP into ws.o: the router's softmax picks each row's top experts; each
+        expert runs as an MLP on the rows that picked it, and a row's output is its experts'
+        outputs times their weights, added in expert order. Every product gives a row the same
+        bits whatever other rows it holds, and the order of a row's additions depends only on
+        its own choice, so a row's result does not depend on the rest of the step."""
+        cfg, T = self.config, ws.T
+        logits = np.empty((T, cfg.num_experts), np.float32)
+        layer.router(ws.h, logits, self._act)
+        _ops.softmax(logits)
+        # the k largest, ties to the lower expert
+        top = np.argsort(-logits, axis=1, kind="stable")[:, :cfg.num_experts_per_tok]
+        weight = np.take_along_axis(logits, top, axis=1)
+        if cfg.norm_topk_prob:
+            weight /= weight.sum(axis=1, keepdims=True, dtype=np.float32)
+        ws.o[:] = 0
+        inter = cfg.moe_intermediate_size
+        for e in np.unique(top):
+            rows, slot = np.nonzero(top == e)
+            gate, up, down = layer.experts[e]
+            x = np.ascontiguousarray(ws.h[rows])
+            g = np.empty((len(rows), inter), np.float32)
+            u = np.empty((len(rows), inter), np.float32)
+            _ops.matmul_group([gate.product(g), up.product(u)], x, self._act)
+            _ops.silu_mul(g.reshape(-1), u.reshape(-1), g.reshape(-1))
+            y = np.empty((len(rows), cfg.hidden_size), np.float32)
+            down(g, y, self._act)
+            ws.o[rows] += y * weight[rows, slot][:, None]
 
     # -- one step ----------------------------------------------------------------------------
 

@@ -80,9 +80,16 @@ class Layer:
     q_norm: np.ndarray      # [head_dim] (Qwen3) or None
     k_norm: np.ndarray      # [head_dim] (Qwen3) or None
     mlp_norm: np.ndarray    # [hidden]
-    gate: Linear            # [intermediate, hidden]
+    gate: Linear            # [intermediate, hidden]; None in a layer of experts
     up: Linear              # [intermediate, hidden]
     down: Linear            # [hidden, intermediate]
+    router: Linear = None   # [experts, hidden] (Qwen3-MoE)
+    experts: list = None    # per expert (gate, up, down), each [moe_intermediate, hidden] ...
+
+    def mlp_linears(self):
+        if self.experts is None:
+            return (self.gate, self.up, self.down)
+        return (self.router,) + tuple(lin for expert in self.experts for lin in expert)
 
 
 class Weights:
@@ -105,6 +112,7 @@ class Weights:
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             bias = cfg.attention_bias
+            moe = i in cfg.moe_layers
             self.layers.append(Layer(
                 attn_norm=self.vector(p + "input_layernorm.weight", h),
                 q=Linear(self.matrix(p + "self_attn.q_proj.weight", (q, h)), self.bias(p + "self_attn.q_proj.bias", q, bias)),
@@ -114,16 +122,69 @@ class Weights:
                 q_norm=self.vector(p + "self_attn.q_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
                 k_norm=self.vector(p + "self_attn.k_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
                 mlp_norm=self.vector(p + "post_attention_layernorm.weight", h),
-                gate=Linear(self.matrix(p + "mlp.gate_proj.weight", (inter, h))),
-                up=Linear(self.matrix(p + "mlp.up_proj.weight", (inter, h))),
-                down=Linear(self.matrix(p + "mlp.down_proj.weight", (h, inter))),
+                gate=None if moe else Linear(self.matrix(p + "mlp.gate_proj.weight", (inter, h))),
+                up=None if moe else Linear(self.matrix(p + "mlp.up_proj.weight", (inter, h))),
+                down=None if moe else Linear(self.matrix(p + "mlp.down_proj.weight", (h, inter))),
+                router=Linear(self.matrix(p + "mlp.gate.weight", (cfg.num_experts, h))) if moe else None,
+                experts=self.experts(p + "mlp.experts.") if moe else None,
             ))
 
+    def experts(self, prefix) -> list:
+        """A layer's experts as (gate, up, down) Linears. Checkpoints store them one matrix per
+        expert (`experts.E.gate_proj.weight`, as published), or stacked in 3-D tensors: a GGUF's
+        `ffn_*_exps` (`experts.gate_proj.weight` [experts, rows, cols] here) or transformers'
+        fused `experts.gate_up_proj` [experts, 2 x rows, cols]; those are cut into per-expert
+        views of the same bytes."""
+        cfg = self.cfg
+        n, h, inter = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        if prefix + "0.gate_proj.weight" in self.tensors:
+            return [tuple(Linear(self.matrix(f"{prefix}{e}.{name}_proj.weight", shape))
+                          for name, shape in (("gate", (inter, h)), ("up", (inter, h)), ("down", (h, inter))))
+                    for e in range(n)]
+        if prefix + "gate_up_proj" in self.tensors:
+            gate_up = self.stacked(prefix + "gate_up_proj", (n, 2 * inter, h))
+            gates = [self._rows(t, 0, inter) for t in gate_up]
+            ups = [self._rows(t, inter, inter) for t in gate_up]
+            downs = self.stacked(prefix + "down_proj", (n, h, inter))
+        else:
+            gates = self.stacked(prefix + "gate_proj.weight", (n, inter, h))
+            ups = self.stacked(prefix + "up_proj.weight", (n, inter, h))
+            downs = self.stacked(prefix + "down_proj.weight", (n, h, inter))
+        return [tuple(Linear(self.convert(t)) for t in trio) for trio in zip(gates, ups, downs)]
+
+    def stacked(self, name, shape) -> list:
+        """A 3-D tensor [n, rows, cols] as n matrices viewing its bytes."""
+        t = self.get(name, shape)
+        n, rows, cols = shape
+        per = t.data.nbytes // n
+        return [Tensor(f"{name}[{e}]", t.dtype, (rows, cols), t.data[e * per:(e + 1) * per], t.source)
+                for e in range(n)]
+
+    @staticmethod
+    def _rows(t: Tensor, r0: int, n: int) -> Tensor:
+        per = t.data.nbytes // t.shape[0]
+        return Tensor(t.name, t.dtype, (n, t.shape[1]), t.data[r0 * per:(r0 + n) * per], t.source)
+
     def linears(self):
-        """Every weight matrix the products read: each layer's seven, then the output head."""
+        """Every weight matrix the products read: each layer's attention and MLP (or router and
+        experts), then the output head."""
         for layer in self.layers:
-            yield from (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)
+            yield from (layer.q, layer.k, layer.v, layer.o)
+            yield from layer.mlp_linears()
         yield self.head
+
+    def linears_per_token(self):
+        """(Linear, share): each matrix with the share of it one token reads, 1 but for experts,
+        of which a token reads num_experts_per_tok out of num_experts (on average)."""
+        cfg = self.cfg
+        for lin in self.linears():
+            yield lin, 1.0
+        if cfg.moe_layers:  # the experts' matrices were yielded at 1 above: take the rest off
+            share = cfg.num_experts_per_tok / cfg.num_experts - 1.0
+            for layer in self.layers:
+                for expert in layer.experts or ():
+                    for lin in expert:
+                        yield lin, share
 
     def repack(self) -> bool:
         """Repack every block-quantized matrix for the integer path (see the module doc). Each
@@ -152,7 +213,7 @@ class Weights:
         if t.dtype not in BLOCK:
             raise WeightError(f"tensor {name} in {t.source} is stored as {_type_name(t.dtype)}, which qwenc "
                               f"cannot compute with (supported: {', '.join(DTYPE_NAMES.values())})")
-        rows, cols = (t.shape[0] if len(t.shape) == 2 else 1), t.shape[-1]
+        rows, cols = int(np.prod(t.shape[:-1])), t.shape[-1]  # a stack of experts' matrices is rows too
         if cols % BLOCK[t.dtype][0] or t.data.nbytes != row_bytes(t.dtype, cols) * rows:
             raise WeightError(f"tensor {name} in {t.source}: {t.data.nbytes} bytes do not hold "
                               f"{list(t.shape)} {_type_name(t.dtype)} values")
