@@ -327,6 +327,8 @@ def matmul_rates(model, repeats, run):
     for layer in w.layers:
         for role in ("q", "k", "v", "o", "gate", "up", "down"):
             lin = getattr(layer, role)
+            if lin is None:  # an expert layer's MLP: its experts are not split out here
+                continue
             t = lin.weight
             fam.setdefault(f"matmul {role:7s} {DTYPE_NAMES[t.dtype]} {t.shape[0]}x{t.shape[1]}", []).append(lin)
     t = w.lm_head

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import (Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM)
+from transformers import (Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -44,6 +44,10 @@ def make_model(out_dir, arch="qwen2", dtype="f32", seed=0, shard_size=None, qk_b
     elif arch == "qwen3_moe":
         moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
         cfg, cls = Qwen3MoeConfig(**{**moe, **base}), Qwen3MoeForCausalLM
+    elif arch == "qwen2_moe":
+        moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=96,
+                   norm_topk_prob=False)
+        cfg, cls = Qwen2MoeConfig(**{**moe, **base}), Qwen2MoeForCausalLM
     else:
         cfg, cls = Qwen3Config(**base), Qwen3ForCausalLM
     torch.manual_seed(seed)

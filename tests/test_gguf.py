@@ -566,3 +566,27 @@ def test_qwen3moe_engine_batched_equals_alone(moe_files):
     with Engine(model, max_batch=4, kv_memory="8MiB", max_step_tokens=5) as engine:
         got = engine.generate(prompts, max_tokens=10, temperature=0, ignore_eos=True)
     assert [c.token_ids for c in got] == want
+
+
+def test_qwen2moe_gguf_computes_what_the_directory_computes(tmp_path):
+    """llama.cpp's qwen2moe layout (the experts stacked, the shared expert's gate a vector, the
+    picked experts' weights not renormalised) reads as the directory's Qwen2-MoE; in int16 its
+    batched rows equal each row alone."""
+    import qwenc
+    from tinymodel import make_tiny, write_gguf
+    model_dir = make_tiny(tmp_path / "hf", seed=8, arch="qwen2_moe")
+    path = write_gguf(model_dir, tmp_path / "f32.gguf", "F32")
+    config, hf = gguf_to_hf(open_gguf(path))
+    assert config["architectures"] == ["Qwen2MoeForCausalLM"] and not config["norm_topk_prob"]
+    assert config["shared_expert_intermediate_size"] == 96 and config["qkv_bias"]
+    assert hf["model.layers.0.mlp.shared_expert_gate.weight"].shape == (64,)
+    np.testing.assert_array_equal(qwenc.load(path).logits(IDS, all_positions=True),
+                                  qwenc.load(model_dir).logits(IDS, all_positions=True))
+    model = qwenc.load(write_gguf(model_dir, tmp_path / "q8.gguf", "Q8_0"), context=64)
+    assert model.activations == "int16"
+    prompts = [IDS[:4], IDS[2:11], IDS[::-1]]
+    seqs = [model.new_sequence() for _ in prompts]
+    for s, p in zip(seqs, prompts):
+        model.forward(s, p[:-1])
+    for row, p in zip(model.decode_batch(seqs, [p[-1] for p in prompts]), prompts):
+        np.testing.assert_array_equal(row, model.logits(p))

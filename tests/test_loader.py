@@ -282,7 +282,7 @@ def test_bad_request_fails_before_the_prefill(bf16_model, monkeypatch, bad):
     (dict(num_experts_per_tok=9), "num_experts_per_tok"),
     (dict(moe_intermediate_size=None), "moe_intermediate_size"),
     (dict(mlp_only_layers="1"), "mlp_only_layers"),
-    (dict(shared_expert_intermediate_size=128), "shared experts"),
+    (dict(architectures=["Qwen2MoeForCausalLM"]), "shared_expert_intermediate_size"),
 ])
 def test_refused_moe_configs(changes, message):
     from qwenc.formats.config import config_from_dict
@@ -292,6 +292,9 @@ def test_refused_moe_configs(changes, message):
     ok = config_from_dict(dict(cfg))
     # transformers' rule: every decoder_sparse_step-th layer, less mlp_only_layers
     assert ok.moe_layers == (1,) and ok.qk_norm and not ok.attention_bias
+    assert ok.shared_expert_intermediate_size == 0  # Qwen3-MoE has none (a stray key is ignored, as there)
+    q2 = config_from_dict(dict(cfg, architectures=["Qwen2MoeForCausalLM"], shared_expert_intermediate_size=96))
+    assert q2.shared_expert_intermediate_size == 96 and q2.attention_bias and not q2.qk_norm
     cfg.update(changes)
     with pytest.raises(qwenc.ConfigError, match=message):
         config_from_dict({k: v for k, v in cfg.items() if v is not None})

@@ -43,6 +43,11 @@ CASES = {
     "qwen3moe-top3-dense-layer-bf16": dict(arch="qwen3_moe", dtype="bf16", num_hidden_layers=3, mlp_only_layers=[1],
                                            num_experts_per_tok=3, norm_topk_prob=False, hidden_size=48,
                                            num_attention_heads=6, num_key_value_heads=2, head_dim=32),
+    # Qwen2-MoE: q/k/v biases, top-2 of 8 not renormalised, and a shared expert behind a sigmoid
+    # gate; then top-3 renormalised with the first layer dense
+    "qwen2moe-shared-f32": dict(arch="qwen2_moe", dtype="f32"),
+    "qwen2moe-top3-dense-first-bf16": dict(arch="qwen2_moe", dtype="bf16", num_experts_per_tok=3,
+                                           norm_topk_prob=True, mlp_only_layers=[0], num_hidden_layers=3),
 }
 
 
@@ -315,8 +320,12 @@ def test_rope_scaling_of_real_shapes_equals_transformers(arch, rope, theta, head
         assert cfg.context_length == int(max_pos * rope["factor"])
 
 
-@pytest.mark.parametrize("name", ["qwen3moe-top2-f32", "qwen3moe-top3-dense-layer-bf16"])
-@pytest.mark.parametrize("wrong", ["renormalisation flipped", "one expert fewer", "another expert's weights"])
+ROUTING_ERRORS = ["renormalisation flipped", "one expert fewer", "another expert's weights"]
+
+
+@pytest.mark.parametrize("name,wrong", [(n, w) for n in ("qwen3moe-top2-f32", "qwen3moe-top3-dense-layer-bf16",
+                                                         "qwen2moe-shared-f32") for w in ROUTING_ERRORS]
+                         + [("qwen2moe-shared-f32", "shared expert ungated")])
 def test_falsifier_wrong_experts_fail(name, wrong, tmp_path, monkeypatch):
     """The MoE cases can tell a wrong routing from the right one."""
     import dataclasses
@@ -327,10 +336,17 @@ def test_falsifier_wrong_experts_fail(name, wrong, tmp_path, monkeypatch):
         t.config = dataclasses.replace(t.config, norm_topk_prob=not t.config.norm_topk_prob)
     elif wrong == "one expert fewer":
         t.config = dataclasses.replace(t.config, num_experts_per_tok=t.config.num_experts_per_tok - 1)
-    else:
+    elif wrong == "another expert's weights":
         for layer in model.weights.layers:
             if layer.experts:
                 layer.experts = layer.experts[1:] + layer.experts[:1]
+    else:  # the shared expert added at full weight instead of behind its sigmoid gate
+        def open_gate(x, out, act=0):
+            out[:] = 100.0
+            return out
+        for layer in model.weights.layers:
+            if layer.shared_gate is not None:
+                layer.shared_gate = open_gate
     ids = prompt(24)
     err = np.abs(model.logits(ids, all_positions=True) - ref_logits(ref, ids)).max()
     assert err > TOL * 10, f"{wrong} went unnoticed: {err}"

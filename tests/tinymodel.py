@@ -43,7 +43,9 @@ _GGUF_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_
                "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-               "mlp.gate": "ffn_gate_inp"}
+               "mlp.gate": "ffn_gate_inp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+               "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+               "mlp.shared_expert.down_proj": "ffn_down_shexp"}
 _GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
 
@@ -76,7 +78,7 @@ def _stored(name, arr, storage, rng):
     """(data, raw_dtype) for one tensor: 1-D tensors (norms, biases) stay float32."""
     import gguf
     T = gguf.GGMLQuantizationType
-    if arr.ndim == 1 or storage == "F32" or name.endswith("ffn_gate_inp.weight"):  # llama.cpp keeps routers F32
+    if arr.ndim == 1 or storage == "F32" or "ffn_gate_inp" in name:  # llama.cpp keeps routers F32
         return arr, None
     if storage == "F16":
         return arr.astype(np.float16), None
@@ -100,9 +102,11 @@ def write_gguf(model_dir: Path, path: Path, storage="F32", split_max_tensors=0, 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((model_dir / "config.json").read_text())
     theta = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]
-    arch = "qwen3moe" if cfg["architectures"] == ["Qwen3MoeForCausalLM"] else "qwen2"
+    arch = {"Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe"}.get(cfg["architectures"][0], "qwen2")
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
-    if arch == "qwen3moe":
+    if arch == "qwen2moe":
+        w.add_uint32("qwen2moe.expert_shared_feed_forward_length", cfg["shared_expert_intermediate_size"])
+    if arch in ("qwen2moe", "qwen3moe"):
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
@@ -144,7 +148,9 @@ def write_gguf(model_dir: Path, path: Path, storage="F32", split_max_tensors=0, 
         if len(parts) == 8 and parts[4] == "experts":
             stacked.setdefault(f"blk.{parts[2]}.ffn_{parts[6][:-5]}_exps.weight", []).append((int(parts[5]), name))
     experts = {n for group in stacked.values() for _, n in group}
-    items = [(gguf_name(n), arr) for n, arr in tensors.items() if n not in experts]
+    # llama.cpp stores Qwen2-MoE's shared-expert gate [1, hidden] as a vector
+    items = [(gguf_name(n), arr.reshape(-1) if n.endswith("shared_expert_gate.weight") else arr)
+             for n, arr in tensors.items() if n not in experts]
     items += [(g, np.stack([tensors[n] for _, n in sorted(group)])) for g, group in stacked.items()]
     for name, arr in items:
         assert arr.dtype == np.float32, name

@@ -12,7 +12,8 @@ from pathlib import Path
 from ..errors import ConfigError
 from .jsonfile import read_json
 
-ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
+ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2_moe",
+                 "Qwen3MoeForCausalLM": "qwen3_moe"}
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str                 # "qwen2" (q/k/v biases), "qwen3" (q/k RMSNorm per head), "qwen3_moe"
+    arch: str                 # "qwen2" (q/k/v biases), "qwen3" (q/k RMSNorm per head), "qwen2_moe", "qwen3_moe"
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -51,8 +52,11 @@ class ModelConfig:
     eos_token_ids: tuple = ()
     torch_dtype: str = ""
     rope_scaling: RopeScaling = RopeScaling()
-    # Mixture of experts (Qwen3-MoE): in each layer of moe_layers the MLP is num_experts MLPs of
-    # moe_intermediate_size, of which a router picks num_experts_per_tok per token
+    # Mixture of experts (Qwen2-MoE, Qwen3-MoE): in each layer of moe_layers the MLP is num_experts
+    # MLPs of moe_intermediate_size, of which a router picks num_experts_per_tok per token; Qwen2-MoE
+    # adds a shared expert of shared_expert_intermediate_size that every token runs, scaled by a
+    # sigmoid gate
+    shared_expert_intermediate_size: int = 0
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -226,8 +230,7 @@ def config_from_dict(cfg: dict, source: str = "config.json") -> ModelConfig:
     arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
     if arch is None:
         model_type = cfg.get("model_type")
-        arch = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}.get(model_type) \
-            if isinstance(model_type, str) else None
+        arch = model_type if model_type in ARCHITECTURES.values() else None
     if arch is None:
         raise ConfigError(f"{source}: unsupported architecture {archs or cfg.get('model_type')!r}; "
                           f"supported: {', '.join(ARCHITECTURES)}"[:400])
@@ -259,17 +262,17 @@ def config_from_dict(cfg: dict, source: str = "config.json") -> ModelConfig:
         rope_theta=theta,
         max_position_embeddings=r.int("max_position_embeddings", default=32768, hi=(1 << 31) - 1),
         tie_word_embeddings=r.bool("tie_word_embeddings", False),
-        attention_bias=r.bool("attention_bias", arch == "qwen2"),
+        attention_bias=r.bool("qkv_bias" if arch == "qwen2_moe" else "attention_bias", arch in ("qwen2", "qwen2_moe")),
         qk_norm=arch in ("qwen3", "qwen3_moe"),
         eos_token_ids=_eos_ids(r),
         torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "")[:64],
         rope_scaling=rope_scaling,
-        **(_experts(r, num_layers) if arch == "qwen3_moe" else {}),
+        **(_experts(r, arch, num_layers) if arch.endswith("_moe") else {}),
     )
 
 
-def _experts(r: _Reader, num_layers: int) -> dict:
-    """Qwen3-MoE's expert settings; which layers have experts, as transformers decides it."""
+def _experts(r: _Reader, arch: str, num_layers: int) -> dict:
+    """The expert settings; which layers have experts, as transformers decides it."""
     key = "num_experts" if r.cfg.get("num_experts") is not None else "num_local_experts"
     n = r.int(key, hi=1 << 16)
     top_k = r.int("num_experts_per_tok", hi=n)
@@ -278,9 +281,9 @@ def _experts(r: _Reader, num_layers: int) -> dict:
     if not isinstance(dense, list) or not all(_is_int(i) for i in dense):
         raise r.error(f"'mlp_only_layers' must be a list of layer numbers, got {dense!r}"[:300])
     dense = set(dense)
-    if r.cfg.get("shared_expert_intermediate_size"):
-        raise r.error("shared experts (Qwen2-MoE) are not supported")
-    return dict(num_experts=n, num_experts_per_tok=top_k, moe_intermediate_size=r.int("moe_intermediate_size"),
+    # Qwen3-MoE has no shared expert (transformers' config has no such field)
+    shared = r.int("shared_expert_intermediate_size") if arch == "qwen2_moe" else 0
+    return dict(shared_expert_intermediate_size=shared, num_experts=n, num_experts_per_tok=top_k, moe_intermediate_size=r.int("moe_intermediate_size"),
                 norm_topk_prob=r.bool("norm_topk_prob", False),
                 moe_layers=tuple(i for i in range(num_layers) if (i + 1) % step == 0 and i not in dense))
 

@@ -411,7 +411,8 @@ def open_gguf(path):
 
 # ---------------------------------------------------------------- GGUF -> HF names and config
 
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
+                 "qwen3moe": "Qwen3MoeForCausalLM"}
 
 _TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -432,11 +433,16 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-    # Qwen3-MoE: the router, and each expert MLP's matrices stacked [experts, rows, cols]
+    # MoE: the router, and each expert MLP's matrices stacked [experts, rows, cols]
     "ffn_gate_inp": "mlp.gate",
     "ffn_gate_exps": "mlp.experts.gate_proj",
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
+    # Qwen2-MoE's shared expert and its gate (a vector [hidden] here)
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 
 
@@ -539,18 +545,21 @@ def gguf_to_hf(gf: GGUFFile):
         "attention_bias": "blk.0.attn_q.bias" in gf.tensors,
         "torch_dtype": "float32",
     }
-    if arch == "qwen3moe":
-        # llama.cpp's qwen3moe: experts in every layer that has a router, their weights
-        # renormalised unless the file says otherwise
+    if arch in ("qwen2moe", "qwen3moe"):
+        # llama.cpp's: experts in every layer that has a router; qwen3moe renormalises the picked
+        # experts' weights (unless the file says otherwise), qwen2moe does not
         n_layers = config["num_hidden_layers"]
         config.update({
             "num_experts": m.int(f"{arch}.expert_count", lo=1),
             "num_experts_per_tok": m.int(f"{arch}.expert_used_count", lo=1),
             "moe_intermediate_size": m.int(f"{arch}.expert_feed_forward_length", lo=1),
-            "norm_topk_prob": bool(gf.metadata.get(f"{arch}.expert_weights_norm", True)),
+            "norm_topk_prob": bool(gf.metadata.get(f"{arch}.expert_weights_norm", arch == "qwen3moe")),
             "mlp_only_layers": [i for i in range(min(n_layers, 1 << 16))
                                 if f"blk.{i}.ffn_gate_inp.weight" not in gf.tensors],
         })
+        if arch == "qwen2moe":
+            config["shared_expert_intermediate_size"] = m.int(f"{arch}.expert_shared_feed_forward_length", lo=1)
+            config["qkv_bias"] = config["attention_bias"]
     # RoPE scaling in transformers' terms; the loader refuses what it cannot run.
     scaling = gf.metadata.get(f"{arch}.rope.scaling.type")
     if scaling is not None and scaling != "none":

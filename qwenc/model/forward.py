@@ -265,7 +265,7 @@ class Transformer:
         ws.x += ws.o
 
     def _experts(self, layer: Layer, ws: Workspace):
-        """Qwen3-MoE's MLP into ws.o: the router's softmax picks each row's top experts; each
+        """A MoE layer's MLP into ws.o: the router's softmax picks each row's top experts; each
         expert runs as an MLP on the rows that picked it, and a row's output is its experts'
         outputs times their weights, added in expert order. Every product gives a row the same
         bits whatever other rows it holds, and the order of a row's additions depends only on
@@ -292,6 +292,19 @@ class Transformer:
             y = np.empty((len(rows), cfg.hidden_size), np.float32)
             down(g, y, self._act)
             ws.o[rows] += y * weight[rows, slot][:, None]
+        if layer.shared is not None:  # Qwen2-MoE: plus every row's shared expert times its gate
+            gate, up, down = layer.shared
+            inter = cfg.shared_expert_intermediate_size
+            g = np.empty((T, inter), np.float32)
+            u = np.empty((T, inter), np.float32)
+            _ops.matmul_group([gate.product(g), up.product(u)], ws.h, self._act)
+            _ops.silu_mul(g.reshape(-1), u.reshape(-1), g.reshape(-1))
+            y = np.empty((T, cfg.hidden_size), np.float32)
+            down(g, y, self._act)
+            s = np.empty((T, 1), np.float32)
+            layer.shared_gate(ws.h, s, self._act)
+            with np.errstate(over="ignore"):  # exp overflowing to inf is a gate of 0, as it should be
+                ws.o += (np.float32(1) / (np.float32(1) + np.exp(-s))) * y
 
     # -- one step ----------------------------------------------------------------------------
 

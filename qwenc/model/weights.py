@@ -83,13 +83,16 @@ class Layer:
     gate: Linear            # [intermediate, hidden]; None in a layer of experts
     up: Linear              # [intermediate, hidden]
     down: Linear            # [hidden, intermediate]
-    router: Linear = None   # [experts, hidden] (Qwen3-MoE)
+    router: Linear = None   # [experts, hidden] (Qwen2-MoE, Qwen3-MoE)
     experts: list = None    # per expert (gate, up, down), each [moe_intermediate, hidden] ...
+    shared: tuple = None    # Qwen2-MoE's shared expert (gate, up, down) ...
+    shared_gate: Linear = None  # ... and its gate [1, hidden]
 
     def mlp_linears(self):
         if self.experts is None:
             return (self.gate, self.up, self.down)
-        return (self.router,) + tuple(lin for expert in self.experts for lin in expert)
+        shared = self.shared + (self.shared_gate,) if self.shared else ()
+        return (self.router,) + tuple(lin for expert in self.experts for lin in expert) + shared
 
 
 class Weights:
@@ -127,7 +130,24 @@ class Weights:
                 down=None if moe else Linear(self.matrix(p + "mlp.down_proj.weight", (h, inter))),
                 router=Linear(self.matrix(p + "mlp.gate.weight", (cfg.num_experts, h))) if moe else None,
                 experts=self.experts(p + "mlp.experts.") if moe else None,
+                shared=self.mlp(p + "mlp.shared_expert.", cfg.shared_expert_intermediate_size)
+                if moe and cfg.shared_expert_intermediate_size else None,
+                shared_gate=self.shared_gate(p + "mlp.shared_expert_gate.weight")
+                if moe and cfg.shared_expert_intermediate_size else None,
             ))
+
+    def mlp(self, prefix, inter) -> tuple:
+        h = self.cfg.hidden_size
+        return (Linear(self.matrix(prefix + "gate_proj.weight", (inter, h))),
+                Linear(self.matrix(prefix + "up_proj.weight", (inter, h))),
+                Linear(self.matrix(prefix + "down_proj.weight", (h, inter))))
+
+    def shared_gate(self, name) -> Linear:
+        """Qwen2-MoE's shared-expert gate, [1, hidden] (a GGUF stores it as a vector)."""
+        h, t = self.cfg.hidden_size, self.tensors.get(name)
+        if t is not None and tuple(t.shape) == (h,):
+            self.tensors[name] = Tensor(t.name, t.dtype, (1, h), t.data, t.source)
+        return Linear(self.matrix(name, (1, h)))
 
     def experts(self, prefix) -> list:
         """A layer's experts as (gate, up, down) Linears. Checkpoints store them one matrix per
@@ -138,9 +158,7 @@ class Weights:
         cfg = self.cfg
         n, h, inter = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         if prefix + "0.gate_proj.weight" in self.tensors:
-            return [tuple(Linear(self.matrix(f"{prefix}{e}.{name}_proj.weight", shape))
-                          for name, shape in (("gate", (inter, h)), ("up", (inter, h)), ("down", (h, inter))))
-                    for e in range(n)]
+            return [self.mlp(f"{prefix}{e}.", inter) for e in range(n)]
         if prefix + "gate_up_proj" in self.tensors:
             gate_up = self.stacked(prefix + "gate_up_proj", (n, 2 * inter, h))
             gates = [self._rows(t, 0, inter) for t in gate_up]
