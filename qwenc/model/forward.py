@@ -279,19 +279,26 @@ class Transformer:
         weight = np.take_along_axis(logits, top, axis=1)
         if cfg.norm_topk_prob:
             weight /= weight.sum(axis=1, keepdims=True, dtype=np.float32)
+        # (expert, its rows, their weights [rows, 1]) in expert order
+        if T == 1:  # a lone decode row: no rows to gather (a few microseconds an expert saved)
+            picks = [(e, slice(None), weight[:, [j]]) for j, e in sorted(enumerate(top[0].tolist()), key=lambda p: p[1])]
+        else:
+            picks = []
+            for e in np.unique(top).tolist():
+                rows, slot = np.nonzero(top == e)
+                picks.append((e, rows, weight[rows, slot][:, None]))
         ws.o[:] = 0
         inter = cfg.moe_intermediate_size
-        for e in np.unique(top):
-            rows, slot = np.nonzero(top == e)
+        for e, rows, w in picks:
             gate, up, down = layer.experts[e]
             x = np.ascontiguousarray(ws.h[rows])
-            g = np.empty((len(rows), inter), np.float32)
-            u = np.empty((len(rows), inter), np.float32)
+            g = np.empty((len(x), inter), np.float32)
+            u = np.empty((len(x), inter), np.float32)
             _ops.matmul_group([gate.product(g), up.product(u)], x, self._act)
             _ops.silu_mul(g.reshape(-1), u.reshape(-1), g.reshape(-1))
-            y = np.empty((len(rows), cfg.hidden_size), np.float32)
+            y = np.empty((len(x), cfg.hidden_size), np.float32)
             down(g, y, self._act)
-            ws.o[rows] += y * weight[rows, slot][:, None]
+            ws.o[rows] += y * w
         if layer.shared is not None:  # Qwen2-MoE: plus every row's shared expert times its gate
             gate, up, down = layer.shared
             inter = cfg.shared_expert_intermediate_size
