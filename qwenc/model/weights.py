@@ -195,14 +195,10 @@ class Weights:
         """(Linear, share): each matrix with the share of it one token reads, 1 but for experts,
         of which a token reads num_experts_per_tok out of num_experts (on average)."""
         cfg = self.cfg
+        share = cfg.num_experts_per_tok / cfg.num_experts if cfg.num_experts else 1.0
+        experts = {id(lin) for layer in self.layers for expert in layer.experts or () for lin in expert}
         for lin in self.linears():
-            yield lin, 1.0
-        if cfg.moe_layers:  # the experts' matrices were yielded at 1 above: take the rest off
-            share = cfg.num_experts_per_tok / cfg.num_experts - 1.0
-            for layer in self.layers:
-                for expert in layer.experts or ():
-                    for lin in expert:
-                        yield lin, share
+            yield lin, share if id(lin) in experts else 1.0
 
     def repack(self) -> bool:
         """Repack every block-quantized matrix for the integer path (see the module doc). Each
