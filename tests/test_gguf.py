@@ -576,10 +576,13 @@ def test_qwen2moe_gguf_computes_what_the_directory_computes(tmp_path):
     from tinymodel import make_tiny, write_gguf
     model_dir = make_tiny(tmp_path / "hf", seed=8, arch="qwen2_moe")
     path = write_gguf(model_dir, tmp_path / "f32.gguf", "F32")
-    config, hf = gguf_to_hf(open_gguf(path))
+    gf = open_gguf(path)
+    config, hf = gguf_to_hf(gf)
     assert config["architectures"] == ["Qwen2MoeForCausalLM"] and not config["norm_topk_prob"]
     assert config["shared_expert_intermediate_size"] == 96 and config["qkv_bias"]
-    assert hf["model.layers.0.mlp.shared_expert_gate.weight"].shape == (64,)
+    # the file holds the gate as a vector; the HF view has transformers' [1, hidden]
+    assert gf.tensors["blk.0.ffn_gate_inp_shexp.weight"].shape == (64,)
+    assert hf["model.layers.0.mlp.shared_expert_gate.weight"].shape == (1, 64)
     np.testing.assert_array_equal(qwenc.load(path).logits(IDS, all_positions=True),
                                   qwenc.load(model_dir).logits(IDS, all_positions=True))
     model = qwenc.load(write_gguf(model_dir, tmp_path / "q8.gguf", "Q8_0"), context=64)

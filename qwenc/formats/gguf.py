@@ -438,7 +438,7 @@ _BLOCK_NAMES = {
     "ffn_gate_exps": "mlp.experts.gate_proj",
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
-    # Qwen2-MoE's shared expert and its gate (a vector [hidden] here)
+    # Qwen2-MoE's shared expert and its gate
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
@@ -527,6 +527,7 @@ def gguf_to_hf(gf: GGUFFile):
                         "not [hidden, vocab]")
     hidden = m.int(f"{arch}.embedding_length", lo=1)
     heads = m.int(f"{arch}.attention.head_count", lo=1)
+    expert_ffn = m.int(f"{arch}.expert_feed_forward_length", 0, lo=0)
     config = {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,
@@ -534,8 +535,8 @@ def gguf_to_hf(gf: GGUFFile):
         "num_hidden_layers": m.int(f"{arch}.block_count", lo=1),
         "num_attention_heads": heads,
         "num_key_value_heads": m.int(f"{arch}.attention.head_count_kv", heads, lo=1),
-        "intermediate_size": m.int(f"{arch}.feed_forward_length",
-                                   m.int(f"{arch}.expert_feed_forward_length", 0, lo=0) or None, lo=1),
+        # a MoE file may state only its experts' width
+        "intermediate_size": m.int(f"{arch}.feed_forward_length", expert_ffn or None, lo=1),
         "rms_norm_eps": m.float(f"{arch}.attention.layer_norm_rms_epsilon"),
         "rope_theta": m.float(f"{arch}.rope.freq_base", 10000.0),
         "max_position_embeddings": m.int(f"{arch}.context_length", lo=1),
@@ -552,7 +553,7 @@ def gguf_to_hf(gf: GGUFFile):
         config.update({
             "num_experts": m.int(f"{arch}.expert_count", lo=1),
             "num_experts_per_tok": m.int(f"{arch}.expert_used_count", lo=1),
-            "moe_intermediate_size": m.int(f"{arch}.expert_feed_forward_length", lo=1),
+            "moe_intermediate_size": m.int(f"{arch}.expert_feed_forward_length", lo=1),  # required here
             "norm_topk_prob": bool(gf.metadata.get(f"{arch}.expert_weights_norm", arch == "qwen3moe")),
             "mlp_only_layers": [i for i in range(min(n_layers, 1 << 16))
                                 if f"blk.{i}.ffn_gate_inp.weight" not in gf.tensors],
@@ -587,6 +588,9 @@ def gguf_to_hf(gf: GGUFFile):
         if hf in tensors:  # two GGUF names for one HF tensor (e.g. "output.weight" and "lm_head.weight")
             raise GGUFError(f"{gf.path}: tensors {gguf_names[hf]!r} and {name!r} both stand for {hf!r}"[:300])
         gguf_names[hf] = name
-        tensors[hf] = Tensor(name=hf, dtype=info.dtype, shape=tuple(reversed(info.shape)),
-                             data=gf.tensor_bytes(name), source=gf.tensor_path(name))
+        shape = tuple(reversed(info.shape))
+        if hf.endswith("mlp.shared_expert_gate.weight") and len(shape) == 1:
+            shape = (1,) + shape  # llama.cpp keeps this [1, hidden] matrix as a vector
+        tensors[hf] = Tensor(name=hf, dtype=info.dtype, shape=shape, data=gf.tensor_bytes(name),
+                             source=gf.tensor_path(name))
     return config, tensors

@@ -139,8 +139,10 @@ class Workspace:
         self._v = np.empty((capacity, cfg.kv_size), f)
         self._attn = np.empty((capacity, cfg.q_size), f)
         self._o = np.empty((capacity, cfg.hidden_size), f)       # output of a sub-block, added to x
-        self._gate = np.empty((capacity, cfg.intermediate_size), f)
-        self._up = np.empty((capacity, cfg.intermediate_size), f)
+        # the dense MLP's scratch (none when every layer has experts, which bring their own)
+        inter = cfg.intermediate_size if len(cfg.moe_layers) < cfg.num_layers else 0
+        self._gate = np.empty((capacity, inter), f)
+        self._up = np.empty((capacity, inter), f)
         self._rope = np.empty((capacity, cfg.head_dim), f)        # the fused step's RoPE cos and sin
         self.use(capacity)
 
@@ -258,11 +260,24 @@ class Transformer:
         if layer.experts is not None:
             self._experts(layer, ws)
         else:
-            _ops.matmul_group([layer.gate.product(ws.gate), layer.up.product(ws.up)], ws.h, self._act)
-            g = ws.gate.reshape(-1)
-            _ops.silu_mul(g, ws.up.reshape(-1), g)
-            layer.down(ws.gate, ws.o, self._act)
+            self._mlp((layer.gate, layer.up, layer.down), ws.h, ws.gate, ws.up, ws.o)
         ws.x += ws.o
+
+    def _mlp(self, mlp, x, gate, up, out):
+        """out = down(silu(gate(x)) * up(x)); gate and up: scratch rows of the MLP's width."""
+        w_gate, w_up, w_down = mlp
+        # gate and up read the same x: one pass over its rows
+        _ops.matmul_group([w_gate.product(gate), w_up.product(up)], x, self._act)
+        g = gate.reshape(-1)
+        _ops.silu_mul(g, up.reshape(-1), g)
+        w_down(gate, out, self._act)
+        return out
+
+    def _mlp_rows(self, mlp, x, width):
+        """_mlp of x's rows into a new array, with scratch of the MLP's width."""
+        n = len(x)
+        return self._mlp(mlp, x, np.empty((n, width), np.float32), np.empty((n, width), np.float32),
+                         np.empty((n, self.config.hidden_size), np.float32))
 
     def _experts(self, layer: Layer, ws: Workspace):
         """A MoE layer's MLP into ws.o: the router's softmax picks each row's top experts; each
@@ -288,26 +303,11 @@ class Transformer:
                 rows, slot = np.nonzero(top == e)
                 picks.append((e, rows, weight[rows, slot][:, None]))
         ws.o[:] = 0
-        inter = cfg.moe_intermediate_size
         for e, rows, w in picks:
-            gate, up, down = layer.experts[e]
-            x = np.ascontiguousarray(ws.h[rows])
-            g = np.empty((len(x), inter), np.float32)
-            u = np.empty((len(x), inter), np.float32)
-            _ops.matmul_group([gate.product(g), up.product(u)], x, self._act)
-            _ops.silu_mul(g.reshape(-1), u.reshape(-1), g.reshape(-1))
-            y = np.empty((len(x), cfg.hidden_size), np.float32)
-            down(g, y, self._act)
-            ws.o[rows] += y * w
+            ws.o[rows] += self._mlp_rows(layer.experts[e], np.ascontiguousarray(ws.h[rows]),
+                                         cfg.moe_intermediate_size) * w
         if layer.shared is not None:  # Qwen2-MoE: plus every row's shared expert times its gate
-            gate, up, down = layer.shared
-            inter = cfg.shared_expert_intermediate_size
-            g = np.empty((T, inter), np.float32)
-            u = np.empty((T, inter), np.float32)
-            _ops.matmul_group([gate.product(g), up.product(u)], ws.h, self._act)
-            _ops.silu_mul(g.reshape(-1), u.reshape(-1), g.reshape(-1))
-            y = np.empty((T, cfg.hidden_size), np.float32)
-            down(g, y, self._act)
+            y = self._mlp_rows(layer.shared, ws.h, cfg.shared_expert_intermediate_size)
             s = np.empty((T, 1), np.float32)
             layer.shared_gate(ws.h, s, self._act)
             with np.errstate(over="ignore"):  # exp overflowing to inf is a gate of 0, as it should be

@@ -115,7 +115,8 @@ class Weights:
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             bias = cfg.attention_bias
-            moe = i in cfg.moe_layers
+            mlp = self.moe_mlp(p) if i in cfg.moe_layers else dict(zip(("gate", "up", "down"),
+                                                                         self.mlp(p + "mlp.", inter)))
             self.layers.append(Layer(
                 attn_norm=self.vector(p + "input_layernorm.weight", h),
                 q=Linear(self.matrix(p + "self_attn.q_proj.weight", (q, h)), self.bias(p + "self_attn.q_proj.bias", q, bias)),
@@ -125,29 +126,26 @@ class Weights:
                 q_norm=self.vector(p + "self_attn.q_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
                 k_norm=self.vector(p + "self_attn.k_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
                 mlp_norm=self.vector(p + "post_attention_layernorm.weight", h),
-                gate=None if moe else Linear(self.matrix(p + "mlp.gate_proj.weight", (inter, h))),
-                up=None if moe else Linear(self.matrix(p + "mlp.up_proj.weight", (inter, h))),
-                down=None if moe else Linear(self.matrix(p + "mlp.down_proj.weight", (h, inter))),
-                router=Linear(self.matrix(p + "mlp.gate.weight", (cfg.num_experts, h))) if moe else None,
-                experts=self.experts(p + "mlp.experts.") if moe else None,
-                shared=self.mlp(p + "mlp.shared_expert.", cfg.shared_expert_intermediate_size)
-                if moe and cfg.shared_expert_intermediate_size else None,
-                shared_gate=self.shared_gate(p + "mlp.shared_expert_gate.weight")
-                if moe and cfg.shared_expert_intermediate_size else None,
+                **mlp,
             ))
 
+    def moe_mlp(self, p) -> dict:
+        """A layer of experts' Layer fields: the router, the experts, Qwen2-MoE's shared expert."""
+        cfg, shared = self.cfg, self.cfg.shared_expert_intermediate_size
+        return dict(gate=None, up=None, down=None,
+                    router=Linear(self.matrix(p + "mlp.gate.weight", (cfg.num_experts, cfg.hidden_size))),
+                    experts=self.experts(p + "mlp.experts."),
+                    shared=self.mlp(p + "mlp.shared_expert.", shared) if shared else None,
+                    shared_gate=Linear(self.matrix(p + "mlp.shared_expert_gate.weight", (1, cfg.hidden_size)))
+                    if shared else None)
+
     def mlp(self, prefix, inter) -> tuple:
+        """(gate, up, down) of an MLP of width `inter` under prefix."""
         h = self.cfg.hidden_size
         return (Linear(self.matrix(prefix + "gate_proj.weight", (inter, h))),
                 Linear(self.matrix(prefix + "up_proj.weight", (inter, h))),
                 Linear(self.matrix(prefix + "down_proj.weight", (h, inter))))
 
-    def shared_gate(self, name) -> Linear:
-        """Qwen2-MoE's shared-expert gate, [1, hidden] (a GGUF stores it as a vector)."""
-        h, t = self.cfg.hidden_size, self.tensors.get(name)
-        if t is not None and tuple(t.shape) == (h,):
-            self.tensors[name] = Tensor(t.name, t.dtype, (1, h), t.data, t.source)
-        return Linear(self.matrix(name, (1, h)))
 
     def experts(self, prefix) -> list:
         """A layer's experts as (gate, up, down) Linears. Checkpoints store them one matrix per
