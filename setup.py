@@ -26,7 +26,7 @@ KERNELS = ["csrc/cpu.c", "csrc/quant.c", "csrc/quant_avx2.c", "csrc/act.c", "csr
 
 # Each Python-visible module and the C files it wraps.
 MODULES = {
-    "qwenc._ops": KERNELS + ["csrc/ops.c", "csrc/probe.c", "csrc/attention.c", "csrc/forward.c", "csrc/sample.c"],
+    "qwenc._ops": KERNELS + ["csrc/ops.c", "csrc/probe.c", "csrc/attention.c", "csrc/forward.c", "csrc/moe.c", "csrc/sample.c"],
     "qwenc._quant": KERNELS,
     "qwenc._bpe": ["csrc/bpe.c"],
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "matmul.h"
+#include "moe.h"
 
 /* One decoder layer: its weights (products write into the step's buffers) and KV pools. */
 typedef struct {
@@ -18,6 +19,7 @@ typedef struct {
     qw_product o;                      /* Y: the step's o buffer */
     qw_product gate_up[2];             /* Y: the step's gate, up buffers */
     qw_product down;                   /* Y: the step's o buffer */
+    const qw_moe *moe;                 /* a layer of experts (in place of gate, up, down), or NULL */
     void *Kc, *Vc;                     /* [kv_heads, n_blocks, head_dim, bs], [kv_heads, n_blocks, bs, head_dim] */
 } qw_layer;
 
@@ -35,6 +37,7 @@ typedef struct {
     float *attn, *o;       /* [T, heads * head_dim], [T, hidden] */
     float *gate, *up;      /* [T, inter] */
     float *rope;           /* [T, head_dim]: each row's RoPE cosines, then sines (qw_rope_table) */
+    void *moe_scratch;     /* qw_moe_scratch_bytes of every layer of experts, for T rows */
 } qw_stack;
 
 /* Runs layers [0, n) over the T rows in s->x (updated in place), every row in one KV cache:

@@ -44,7 +44,7 @@ typedef struct {
 /* The products of several matrices with the same X[M, K] (a layer's q, k and v, or gate and
  * up): one parallel pass over all their rows (per QW_GROUP_MAX matrices), each output exactly
  * what qw_matmul computes. Returns 0 or QW_ENOMEM. */
-#define QW_GROUP_MAX 4
+#define QW_GROUP_MAX 16
 int qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act);
 
 /* Whether a 16-bit product of M act rows takes the vertical kernels on the current path. */

@@ -47,6 +47,20 @@ cdef extern from "matmul.h":
     int qw_vertical_pays(int64_t M) nogil
     void qw_set_act_round_bytes(size_t bytes) nogil
 
+cdef extern from "moe.h":
+    ctypedef struct qw_moe:
+        int64_t hidden, n_experts, top_k, inter
+        int norm_topk
+        qw_product router
+        const qw_product *experts
+        const qw_product *shared
+        int64_t shared_inter
+        qw_product shared_gate
+    size_t qw_moe_scratch_bytes(const qw_moe *m, int64_t T) nogil
+    int qw_moe_mlp(const qw_moe *m, const float *h, int64_t T, int act, void *scratch, float *out) nogil
+    void qw_moe_route(float *logits, int64_t T, int64_t n_experts, int64_t top_k, int norm_topk, int32_t *top,
+                      float *weight) nogil
+
 cdef extern from "ops.h":
     void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) nogil
     void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float mscale, float *cs) nogil
@@ -84,6 +98,7 @@ cdef extern from "forward.h":
         qw_product o
         qw_product gate_up[2]
         qw_product down
+        const qw_moe *moe
         void *Kc
         void *Vc
     ctypedef struct qw_stack:
@@ -103,6 +118,7 @@ cdef extern from "forward.h":
         float *gate
         float *up
         float *rope
+        void *moe_scratch
     int qw_forward_layers(const qw_stack *s, const qw_layer *layers, int n, int64_t T, const int64_t *pos,
                           const int64_t *slots, const int32_t *block_tables, int64_t max_blocks,
                           const int32_t *row_seq) nogil
@@ -174,14 +190,18 @@ ACTIVATIONS = {"f32": 0, "int16": 16, "int8": 8}  # matmul.h's QW_ACT_* codes
 
 cdef _check_product(const uint8_t[::1] W, int dtype, int64_t N, int64_t K, int64_t M, float[:, ::1] Y,
                     const float[::1] bias):
+    _check_weight(W, dtype, N, K, bias)
+    if Y.shape[0] != M or Y.shape[1] != N:
+        raise ValueError(f"shape mismatch: X {M}x{K}, W {N}x{K}, Y {Y.shape[0]}x{Y.shape[1]}")
+
+
+cdef _check_weight(const uint8_t[::1] W, int dtype, int64_t N, int64_t K, const float[::1] bias):
     if not qw_dtype_supported(dtype):
         raise ValueError(f"unsupported weight type {dtype}")
     if K % qw_block_size(dtype) != 0:
         raise ValueError(f"row length {K} is not a multiple of the block size {qw_block_size(dtype)}")
     if <size_t>W.shape[0] < qw_matrix_bytes(dtype, N, K):
         raise ValueError("weight buffer too small for its shape")
-    if Y.shape[0] != M or Y.shape[1] != N:
-        raise ValueError(f"shape mismatch: X {M}x{K}, W {N}x{K}, Y {Y.shape[0]}x{Y.shape[1]}")
     if bias is not None and bias.shape[0] != N:
         raise ValueError("bias length differs from the output size")
 
@@ -273,7 +293,7 @@ def matmul_group(products, const float[:, ::1] X, int act=0):
     cdef int i, rc, count = len(products)
     _check_act(act)
     if count < 1 or count > min(QW_GROUP_MAX, 4):
-        raise ValueError(f"a group holds 1 to {QW_GROUP_MAX} products, got {count}")
+        raise ValueError(f"a group holds 1 to 4 products, got {count}")
     for i in range(count):
         _fill_product(&p[i], products[i], K, M)
     if M == 0:
@@ -520,13 +540,141 @@ def paged_attention(const float[:, :, ::1] q, Kc, Vc,
         raise MemoryError("attention: out of memory for its scratch buffers")
 
 
+# ---------------------------------------------------------------- layers of experts
+
+cdef _weight(qw_product *p, object prod, int64_t N, int64_t K, str name):
+    """p from a (W, dtype, N, Y, bias) product of W [N, K] whose output the kernel places (Y is
+    not read)."""
+    cdef const uint8_t[::1] w
+    cdef const float[::1] b
+    W, dtype, n, _, bias = prod
+    if n != N:
+        raise ValueError(f"{name} has {n} rows, needs {N}")
+    w, b = W, bias
+    _check_weight(w, dtype, N, K, b)
+    p.W = &w[0]
+    p.dtype = dtype
+    p.N = N
+    p.Y = NULL
+    p.bias = &b[0] if b is not None else NULL
+
+
+cdef void _moe_shape(qw_moe *m, int64_t hidden, int64_t n_experts, int64_t top_k, int64_t inter,
+                     int64_t shared_inter) noexcept:
+    m.hidden, m.n_experts, m.top_k, m.inter, m.shared_inter = hidden, n_experts, top_k, inter, shared_inter
+
+
+def moe_scratch_bytes(int64_t hidden, int64_t n_experts, int64_t top_k, int64_t inter, int64_t shared_inter,
+                      int64_t T):
+    """Bytes of scratch a layer of experts of these shapes needs for a step of T rows
+    (shared_inter: 0 without a shared expert)."""
+    cdef qw_moe m
+    _moe_shape(&m, hidden, n_experts, top_k, inter, shared_inter)
+    return qw_moe_scratch_bytes(&m, T)
+
+
+cdef class Experts:
+    """A layer of experts, for moe_mlp and LayerStack: the router [n_experts, hidden], each
+    expert's (gate, up, down) and, for Qwen2-MoE, the shared expert's and its gate [1, hidden],
+    each a product as matmul_group takes it (its Y unused), checked here once. Holds the arrays
+    it points into."""
+    cdef qw_moe m
+    cdef qw_product *prods
+    cdef object keep
+
+    def __cinit__(self):
+        self.prods = NULL
+
+    def __init__(self, int64_t hidden, int64_t top_k, bint norm_topk, router, experts, shared=None,
+                 shared_gate=None):
+        cdef int64_t E = len(experts), e, inter, sinter = 0
+        if E < 1 or top_k < 1 or top_k > E:
+            raise ValueError(f"{top_k} experts a row out of {E}")
+        inter = experts[0][0][2]
+        if shared is not None:
+            sinter = shared[0][2]
+        _moe_shape(&self.m, hidden, E, top_k, inter, sinter)
+        self.m.norm_topk = norm_topk
+        self.prods = <qw_product *>calloc(3 * E + 3, sizeof(qw_product))
+        if self.prods == NULL:
+            raise MemoryError()
+        _weight(&self.m.router, router, E, hidden, "the router")
+        for e in range(E):
+            gate, up, down = experts[e]
+            _weight(&self.prods[3 * e], gate, inter, hidden, f"expert {e}'s gate")
+            _weight(&self.prods[3 * e + 1], up, inter, hidden, f"expert {e}'s up")
+            _weight(&self.prods[3 * e + 2], down, hidden, inter, f"expert {e}'s down")
+        self.m.experts = self.prods
+        self.m.shared = NULL
+        if shared is not None:
+            _weight(&self.prods[3 * E], shared[0], sinter, hidden, "the shared expert's gate")
+            _weight(&self.prods[3 * E + 1], shared[1], sinter, hidden, "the shared expert's up")
+            _weight(&self.prods[3 * E + 2], shared[2], hidden, sinter, "the shared expert's down")
+            _weight(&self.m.shared_gate, shared_gate, 1, hidden, "the shared expert's gate vector")
+            self.m.shared = self.prods + 3 * E
+        self.keep = (router, experts, shared, shared_gate)
+
+    def __dealloc__(self):
+        free(self.prods)
+
+    def scratch_bytes(self, int64_t T):
+        return qw_moe_scratch_bytes(&self.m, T)
+
+    @property
+    def hidden(self):
+        return self.m.hidden
+
+
+cdef void *_scratch(uint8_t[::1] scratch, size_t need) except NULL:
+    if <size_t>scratch.shape[0] < need or need == 0:
+        raise ValueError(f"expert scratch of {scratch.shape[0]} bytes, needs {need}")
+    if (<size_t>&scratch[0]) % 64:
+        raise ValueError("expert scratch not 64-byte aligned")
+    return &scratch[0]
+
+
+def moe_mlp(Experts ex, const float[:, ::1] h, float[:, ::1] out, uint8_t[::1] scratch, int act=0):
+    """out = the layer of experts ex applied to the rows of h (csrc/moe.h); scratch: at least
+    ex.scratch_bytes(rows) bytes, 64-byte aligned."""
+    cdef int64_t T = h.shape[0]
+    cdef int rc
+    cdef void *s
+    _check_act(act)
+    if h.shape[1] != ex.m.hidden or out.shape[0] != T or out.shape[1] != ex.m.hidden:
+        raise ValueError(f"moe_mlp: rows of {ex.m.hidden} in and out, got {h.shape[1]} and {out.shape[1]}")
+    if T == 0:
+        return
+    if &out[0, 0] == &h[0, 0]:
+        raise ValueError("moe_mlp: out must not alias h")
+    s = _scratch(scratch, qw_moe_scratch_bytes(&ex.m, T))
+    with nogil:
+        rc = qw_moe_mlp(&ex.m, &h[0, 0], T, act, s, &out[0, 0])
+    if rc != 0:
+        raise MemoryError("moe_mlp: out of memory for a product's scratch")
+
+
+def moe_route(float[:, ::1] logits, int64_t top_k, bint norm_topk):
+    """The router's picks (for tests): softmax of logits [T, n_experts] in place, then each row's
+    top_k experts (int32, descending weight, ties to the lower expert) and their weights."""
+    cdef int64_t T = logits.shape[0], E = logits.shape[1]
+    if top_k < 1 or top_k > E:
+        raise ValueError(f"{top_k} experts a row out of {E}")
+    top = np.empty((T, top_k), np.int32)
+    weight = np.empty((T, top_k), np.float32)
+    cdef int32_t[:, ::1] tv = top
+    cdef float[:, ::1] wv = weight
+    if T:
+        qw_moe_route(&logits[0, 0], T, E, top_k, norm_topk, &tv[0, 0], &wv[0, 0])
+    return top, weight
+
+
 # ---------------------------------------------------------------- the decoder layers
 
-cdef float *_rows(object a, int64_t rows, int64_t width, str name) except NULL:
+cdef float *_rows(object a, int64_t rows, int64_t width, str name) except? NULL:
     cdef float[:, ::1] m = a
     if m.shape[0] < rows or m.shape[1] != width:
         raise ValueError(f"buffer {name} is {m.shape[0]}x{m.shape[1]}, needs {rows}x{width}")
-    return &m[0, 0]
+    return &m[0, 0] if width else NULL
 
 
 cdef const float *_vec(object a, int64_t n, str name) except? NULL:
@@ -561,17 +709,19 @@ cdef class LayerStack:
 
     def __init__(self, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter,
                  float eps, float scale, inv_freq, int act, buffers, layers, float rope_mscale=1.0):
-        """buffers: (x, h, q, k, v, attn, o, gate, up, rope), each [capacity, width]; layers: per layer
-        (attn_norm, mlp_norm, q_norm or None, k_norm or None, (q, k, v products), o product,
-        (gate, up products), down product, K pool, V pool), a product being (W, dtype, N, Y,
-        bias) with Y the buffer it writes (q, k, v; o; gate, up; o)."""
+        """buffers: (x, h, q, k, v, attn, o, gate, up, rope), each [capacity, width], and the
+        experts' scratch (uint8, for capacity rows of every layer of experts; None without
+        them); layers: per layer (attn_norm, mlp_norm, q_norm or None, k_norm or None, (q, k, v
+        products), o product, (gate, up products), down product, K pool, V pool, Experts or
+        None), a product being (W, dtype, N, Y, bias) with Y the buffer it writes (q, k, v; o;
+        gate, up; o). A layer with Experts has None for its gate, up and down."""
         cdef int64_t C, i
         cdef int64_t shape[4]
         cdef void *kp
         cdef void *vp
         cdef int kv_type = -1, t
         _check_act(act)
-        x, h, q, k, v, attn, o, gate, up, rope = buffers
+        x, h, q, k, v, attn, o, gate, up, rope, moe_scratch = buffers
         C = np.asarray(x).shape[0]
         qs, kvs = heads * head_dim, kv_heads * head_dim
         self.s.hidden, self.s.heads, self.s.kv_heads, self.s.head_dim, self.s.inter = hidden, heads, kv_heads, head_dim, inter
@@ -590,8 +740,9 @@ cdef class LayerStack:
         if self.layers == NULL:
             raise MemoryError()
         self.s.n_blocks = -1
+        self.s.moe_scratch = NULL
         for i, lay in enumerate(layers):
-            an, mn, qn, kn, qkv, op, gu, dp, Kc, Vc = lay
+            an, mn, qn, kn, qkv, op, gu, dp, Kc, Vc, moe = lay
             L = &self.layers[i]
             L.attn_norm, L.mlp_norm = _vec(an, hidden, "attn_norm"), _vec(mn, hidden, "mlp_norm")
             L.q_norm, L.k_norm = _vec(qn, head_dim, "q_norm"), _vec(kn, head_dim, "k_norm")
@@ -601,9 +752,20 @@ cdef class LayerStack:
             _product(&L.qkv[1], qkv[1], hidden, C, self.s.k)
             _product(&L.qkv[2], qkv[2], hidden, C, self.s.v)
             _product(&L.o, op, qs, C, self.s.o)
-            _product(&L.gate_up[0], gu[0], hidden, C, self.s.gate)
-            _product(&L.gate_up[1], gu[1], hidden, C, self.s.up)
-            _product(&L.down, dp, inter, C, self.s.o)
+            if moe is None:
+                if not inter:
+                    raise ValueError("a dense layer in a stack without MLP buffers")
+                _product(&L.gate_up[0], gu[0], hidden, C, self.s.gate)
+                _product(&L.gate_up[1], gu[1], hidden, C, self.s.up)
+                _product(&L.down, dp, inter, C, self.s.o)
+                L.moe = NULL
+            else:
+                if moe_scratch is None:
+                    raise ValueError("a layer of experts without their scratch")
+                if (<Experts?>moe).m.hidden != hidden:
+                    raise ValueError("a layer of experts of another width")
+                self.s.moe_scratch = _scratch(moe_scratch, qw_moe_scratch_bytes(&(<Experts>moe).m, C))
+                L.moe = &(<Experts>moe).m
             t = _pools(Kc, Vc, &kp, &vp, shape)
             if shape[1] != kv_heads or shape[3] != head_dim or shape[2] < 1 or shape[2] > 256:
                 raise ValueError("KV pool shape mismatch")

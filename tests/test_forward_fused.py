@@ -1,6 +1,6 @@
 """The decoder layers run in one C call (_ops.forward_layers) give the bits of the per-layer path
-(Transformer._block, kernel by kernel from Python), on Qwen2 (q/k/v biases) and Qwen3 (q/k norms),
-in every activation mode and KV dtype, for prefill, decode and a step of several sequences of one
+(Transformer._block, kernel by kernel from Python), on Qwen2 (q/k/v biases), Qwen3 (q/k norms) and
+their mixture-of-experts kin (layers of experts beside a dense one), in every activation mode and KV dtype, for prefill, decode and a step of several sequences of one
 shared cache. A falsifier shows the comparison sees a one-ulp change of one norm weight."""
 import numpy as np
 import pytest
@@ -16,6 +16,10 @@ CASES = [  # (arch, dtype, activations, kv_cache)
     ("qwen3", "q8_0", "int16", "f32"),
     ("qwen2", "q8_0", "int8", "f16"),
     ("qwen3", "q8_0", "f32", "auto"),
+    ("qwen3_moe", None, "f32", "f32"),
+    ("qwen3_moe", "q8_0", "int16", "auto"),
+    ("qwen2_moe", "q8_0", "int8", "f16"),
+    ("qwen2_moe", None, "f32", "auto"),
 ]
 
 
@@ -24,9 +28,12 @@ def model_dirs(tmp_path_factory):
     # rows a multiple of Q8_0's 32-value block; 3 layers; 6 query heads over 2 kv heads of 32
     shape = dict(hidden_size=192, intermediate_size=352, num_hidden_layers=3, num_attention_heads=6,
                  num_key_value_heads=2)
-    return {arch: make_model(tmp_path_factory.mktemp(arch), arch=arch, seed=11,
-                             **shape, **({"head_dim": 32} if arch == "qwen3" else {}))[0]
-            for arch in ("qwen2", "qwen3")}
+    # experts: 3 of 8 (Qwen3-MoE), 2 of 8 and a shared expert (Qwen2-MoE), the middle layer dense
+    moe = dict(moe_intermediate_size=96, num_experts_per_tok=3, mlp_only_layers=[1])
+    extra = {"qwen2": {}, "qwen3": {"head_dim": 32}, "qwen3_moe": {"head_dim": 32, **moe},
+             "qwen2_moe": dict(moe, num_experts_per_tok=2, shared_expert_intermediate_size=128)}
+    return {arch: make_model(tmp_path_factory.mktemp(arch), arch=arch, seed=11, **shape, **kw)[0]
+            for arch, kw in extra.items()}
 
 
 def run_steps(model, fused):

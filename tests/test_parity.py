@@ -340,13 +340,14 @@ def test_falsifier_wrong_experts_fail(name, wrong, tmp_path, monkeypatch):
         for layer in model.weights.layers:
             if layer.experts:
                 layer.experts = layer.experts[1:] + layer.experts[:1]
-    else:  # the shared expert added at full weight instead of behind its sigmoid gate
-        def open_gate(x, out, act=0):
-            out[:] = 100.0
-            return out
+    else:  # the shared expert added at full weight instead of behind its sigmoid gate (sigmoid(100))
+        from qwenc.model.weights import Linear
         for layer in model.weights.layers:
             if layer.shared_gate is not None:
-                layer.shared_gate = open_gate
+                w = layer.shared_gate.weight
+                zero = dataclasses.replace(w, dtype=0, data=np.zeros(w.shape, np.float32).view(np.uint8).reshape(-1))
+                layer.shared_gate = Linear(zero, bias=np.array([100.0], np.float32))
+    t.bind_experts()  # the layers of experts as they are now
     ids = prompt(24)
     err = np.abs(model.logits(ids, all_positions=True) - ref_logits(ref, ids)).max()
     assert err > TOL * 10, f"{wrong} went unnoticed: {err}"

@@ -144,6 +144,14 @@ class Workspace:
         self._gate = np.empty((capacity, inter), f)
         self._up = np.empty((capacity, inter), f)
         self._rope = np.empty((capacity, cfg.head_dim), f)        # the fused step's RoPE cos and sin
+        # the layers of experts' scratch (csrc/moe.h), 64-byte aligned
+        self.moe_scratch = None
+        if cfg.moe_layers:
+            n = _ops.moe_scratch_bytes(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok,
+                                       cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size, capacity)
+            raw = np.empty(n + 64, np.uint8)
+            at = -raw.ctypes.data % 64
+            self.moe_scratch = raw[at:at + n]
         self.use(capacity)
 
     def use(self, T: int):
@@ -213,13 +221,31 @@ class Transformer:
         # Steps whose rows share one KV cache (every engine step, every single sequence) run
         # all their layers in one C call (_ops.forward_layers): the same kernels in the same
         # order as _block, without returning to Python between them. False runs _block's path.
-        self.fused = not cfg.moe_layers  # the C path has no experts
+        self.fused = True
         # the integer modes run on row-interleaved copies of the quantized weights
         integer = bool(self._act) and weights.repack()
+        self.bind_experts()
         # "auto": where the products already round activations (an integer mode on quantized
         # weights), keys and values are kept in 16 bits as well, halving what a long context
         # reads per token; the exact path (float activations, or float weights) keeps float32.
         self.kv_dtype = kv_cache if kv_cache != "auto" else ("f16" if integer else "f32")
+
+    def bind_experts(self):
+        """The C view of each layer of experts (None for a dense layer), from the config's routing
+        and the layers' weights as they are now: called at load, and again by whoever changes
+        either afterwards."""
+        cfg = self.config
+        self._moe = []
+        for layer in self.weights.layers:
+            ex = None
+            if layer.experts is not None:
+                products = lambda lins: tuple(lin.product(None) for lin in lins)
+                shared = layer.shared is not None
+                ex = _ops.Experts(cfg.hidden_size, cfg.num_experts_per_tok, cfg.norm_topk_prob,
+                                  layer.router.product(None), [products(e) for e in layer.experts],
+                                  products(layer.shared) if shared else None,
+                                  layer.shared_gate.product(None) if shared else None)
+            self._moe.append(ex)
 
     def _workspace(self, T: int) -> Workspace:
         ws = self._ws
@@ -258,7 +284,7 @@ class Transformer:
         ws.x += ws.o
         _ops.rmsnorm(ws.x, layer.mlp_norm, cfg.rms_norm_eps, ws.h)
         if layer.experts is not None:
-            self._experts(layer, ws)
+            _ops.moe_mlp(self._moe[li], ws.h, ws.o, ws.moe_scratch, self._act)
         else:
             self._mlp((layer.gate, layer.up, layer.down), ws.h, ws.gate, ws.up, ws.o)
         ws.x += ws.o
@@ -272,46 +298,6 @@ class Transformer:
         _ops.silu_mul(g, up.reshape(-1), g)
         w_down(gate, out, self._act)
         return out
-
-    def _mlp_rows(self, mlp, x, width):
-        """_mlp of x's rows into a new array, with scratch of the MLP's width."""
-        n = len(x)
-        return self._mlp(mlp, x, np.empty((n, width), np.float32), np.empty((n, width), np.float32),
-                         np.empty((n, self.config.hidden_size), np.float32))
-
-    def _experts(self, layer: Layer, ws: Workspace):
-        """A MoE layer's MLP into ws.o: the router's softmax picks each row's top experts; each
-        expert runs as an MLP on the rows that picked it, and a row's output is its experts'
-        outputs times their weights, added in expert order. Every product gives a row the same
-        bits whatever other rows it holds, and the order of a row's additions depends only on
-        its own choice, so a row's result does not depend on the rest of the step."""
-        cfg, T = self.config, ws.T
-        logits = np.empty((T, cfg.num_experts), np.float32)
-        layer.router(ws.h, logits, self._act)
-        _ops.softmax(logits)
-        # the k largest, ties to the lower expert
-        top = np.argsort(-logits, axis=1, kind="stable")[:, :cfg.num_experts_per_tok]
-        weight = np.take_along_axis(logits, top, axis=1)
-        if cfg.norm_topk_prob:
-            weight /= weight.sum(axis=1, keepdims=True, dtype=np.float32)
-        # (expert, its rows, their weights [rows, 1]) in expert order
-        if T == 1:  # a lone decode row: no rows to gather (a few microseconds an expert saved)
-            picks = [(e, slice(None), weight[:, [j]]) for j, e in sorted(enumerate(top[0].tolist()), key=lambda p: p[1])]
-        else:
-            picks = []
-            for e in np.unique(top).tolist():
-                rows, slot = np.nonzero(top == e)
-                picks.append((e, rows, weight[rows, slot][:, None]))
-        ws.o[:] = 0
-        for e, rows, w in picks:
-            ws.o[rows] += self._mlp_rows(layer.experts[e], np.ascontiguousarray(ws.h[rows]),
-                                         cfg.moe_intermediate_size) * w
-        if layer.shared is not None:  # Qwen2-MoE: plus every row's shared expert times its gate
-            y = self._mlp_rows(layer.shared, ws.h, cfg.shared_expert_intermediate_size)
-            s = np.empty((T, 1), np.float32)
-            layer.shared_gate(ws.h, s, self._act)
-            with np.errstate(over="ignore"):  # exp overflowing to inf is a gate of 0, as it should be
-                ws.o += (np.float32(1) / (np.float32(1) + np.exp(-s))) * y
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -387,19 +373,19 @@ class Transformer:
         cache, so it lives no longer than the pools it points into, and built again when the
         model or the workspace changes."""
         held = cache.layer_stack
-        if held is None or held[0]() is not self or held[1] is not ws:
+        if held is None or held[0]() is not self or held[1] is not ws or held[2] is not self._moe:
             cfg = self.config
-            bufs = (ws._x, ws._h, ws._q, ws._k, ws._v, ws._attn, ws._o, ws._gate, ws._up, ws._rope)
+            bufs = (ws._x, ws._h, ws._q, ws._k, ws._v, ws._attn, ws._o, ws._gate, ws._up, ws._rope, ws.moe_scratch)
+            dense = lambda L: ((L.gate.product(ws._gate), L.up.product(ws._up)), L.down.product(ws._o))
             layers = [(L.attn_norm, L.mlp_norm, L.q_norm, L.k_norm,
                        (L.q.product(ws._q), L.k.product(ws._k), L.v.product(ws._v)), L.o.product(ws._o),
-                       (L.gate.product(ws._gate), L.up.product(ws._up)), L.down.product(ws._o),
-                       cache.k[li], cache.v[li])
-                      for li, L in enumerate(self.weights.layers)]
+                       *(dense(L) if ex is None else (None, None)), cache.k[li], cache.v[li], ex)
+                      for li, (L, ex) in enumerate(zip(self.weights.layers, self._moe))]
             stack = _ops.LayerStack(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                    cfg.intermediate_size, cfg.rms_norm_eps, self.scale, self.inv_freq,
+                                    ws._gate.shape[1], cfg.rms_norm_eps, self.scale, self.inv_freq,
                                     self._act, bufs, layers, self.rope_mscale)
-            held = cache.layer_stack = (weakref.ref(self), ws, stack)
-        return held[2]
+            held = cache.layer_stack = (weakref.ref(self), ws, self._moe, stack)
+        return held[3]
 
     @staticmethod
     def _groups(items, pos):
