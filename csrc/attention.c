@@ -105,15 +105,15 @@ static float dot_strided(const float *q, const float *k, int64_t stride, int64_t
 }
 
 static void attend_group_plain(const float *q, int64_t G, int64_t hd, head_pool Kp, head_pool Vp, int64_t bs,
-                               const int32_t *table, int64_t n, float scale, float *acc, float *kbuf,
-                               float *vbuf, float *out) {
+                               const int32_t *table, int64_t b0, int64_t b1, int64_t n, float scale, float *acc,
+                               float *kbuf, float *vbuf, float *ml, float *out) {
     float m[64], l[64], s[MAX_BS];
     for (int64_t g = 0; g < G; g++) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
     }
     memset(acc, 0, (size_t)(G * hd) * sizeof(float));
-    for (int64_t b = 0; b * bs < n; b++) {
+    for (int64_t b = b0; b < b1; b++) {
         int64_t nk = n - b * bs < bs ? n - b * bs : bs;
         /* the keys' block is converted whole: its columns past nk lie between valid values */
         const float *Kb = fetch(Kp, table[b], bs * hd, kbuf), *Vb = fetch(Vp, table[b], nk * hd, vbuf);
@@ -138,6 +138,14 @@ static void attend_group_plain(const float *q, int64_t G, int64_t hd, head_pool 
                 for (int64_t i = 0; i < hd; i++) a[i] += p * vj[i];
             }
         }
+    }
+    if (ml) { /* a span's state, for merge_spans */
+        for (int64_t g = 0; g < G; g++) {
+            ml[g] = m[g];
+            ml[G + g] = l[g];
+        }
+        memcpy(out, acc, (size_t)(G * hd) * sizeof(float));
+        return;
     }
     for (int64_t g = 0; g < G; g++) {
         float inv = 1.0f / l[g];
@@ -175,51 +183,165 @@ typedef struct {
 #undef ATT_WIDE
 #endif
 
+/* ---------------------------------------------------------------- spans
+ *
+ * A row's positions are attended in spans of SPAN_POSITIONS (whole blocks), each from a fresh
+ * running max and sum, and the spans' states merged in order (merge_spans). A decode step at
+ * long context has one row: as one work item per (row, kv head) it kept at most n_kv_heads
+ * threads busy (2 for the Qwen2.5 models up to 3B), its spans are items of their own. Which
+ * thread runs a span, and whether a row's spans run as separate items or one after another,
+ * never changes the arithmetic, so a row's bits depend on its own positions only. A row within
+ * one span is attended in one go, as it would be without spans. */
+#define SPAN_POSITIONS 1024
+
+/* Above this many bytes of span states the spans of every (row, kv head) run one after another
+ * in their thread's scratch instead (many rows: their items alone keep the threads busy). */
+#define SPLIT_STATE_BYTES ((size_t)32 << 20)
+
+static int64_t span_blocks(int64_t bs) { return bs >= SPAN_POSITIONS ? 1 : SPAN_POSITIONS / bs; }
+
+/* out[G, hd] from S spans' states, each [m: G][l: G][acc: G * hd], merged in span order. */
+static void merge_spans(const float *st, int64_t S, int64_t G, int64_t hd, float *out) {
+    size_t each = (size_t)(G * hd + 2 * G);
+    for (int64_t g = 0; g < G; g++) {
+        float M = -INFINITY, L = 0.0f;
+        for (int64_t c = 0; c < S; c++) M = st[c * each + g] > M ? st[c * each + g] : M;
+        float *o = out + g * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int64_t c = 0; c < S; c++) {
+            const float *sp = st + c * each;
+            float w = expf(sp[g] - M);
+            L += sp[G + g] * w;
+            const float *a = sp + 2 * G + g * hd;
+            for (int64_t i = 0; i < hd; i++) o[i] += a[i] * w;
+        }
+        float inv = 1.0f / L;
+        for (int64_t i = 0; i < hd; i++) o[i] *= inv;
+    }
+}
+
+typedef struct {
+    int64_t G, hd, bs, n_blocks, stride;
+    int kv_type, simd, wide;
+    float scale;
+    const void *Kc, *Vc;
+} att_args;
+
+/* Blocks [b0, b1) of the row's n positions for kv head kvh's group: into out (finished) when
+ * ml is NULL, else the span's state (ml, then acc into out). */
+static void attend(const att_args *a, const float *q, int64_t kvh, const int32_t *table, int64_t b0, int64_t b1,
+                   int64_t n, float *acc, float *sc, float *kbuf, float *vbuf, float *ml, float *out) {
+    size_t esize = kv_esize(a->kv_type), off = (size_t)(kvh * a->n_blocks) * (size_t)a->stride * esize;
+    head_pool Kp = {(const char *)a->Kc + off, a->kv_type, a->stride};
+    head_pool Vp = {(const char *)a->Vc + off, a->kv_type, a->stride};
+#if QW_HAVE_X86
+    if (a->simd && a->wide)
+        attend_group_avx512(q, a->G, a->hd, Kp, Vp, a->bs, table, b0, b1, n, a->scale, acc, sc, ml, out);
+    else if (a->simd)
+        attend_group_avx2(q, a->G, a->hd, Kp, Vp, a->bs, table, b0, b1, n, a->scale, acc, sc, ml, out);
+    else
+#endif
+        attend_group_plain(q, a->G, a->hd, Kp, Vp, a->bs, table, b0, b1, n, a->scale, acc, kbuf, vbuf, ml, out);
+    (void)sc;
+}
+
 int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
                        int kv_type, const void *Kc, const void *Vc, int64_t n_blocks, int64_t bs,
                        const int32_t *block_tables,
                        int64_t max_blocks, const int32_t *row_seq, const int64_t *row_pos, float scale,
                        float *out) {
     int64_t G = n_heads / n_kv_heads;
-    int64_t stride = bs * hd; /* values per block of one kv head */
-    size_t esize = kv_esize(kv_type);
     if (G > 64 || bs > MAX_BS || bs < 1 || (kv_type != QW_KV_F32 && kv_type != QW_KV_F16)) return -1;
     int simd = qw_use_avx2() && hd % 8 == 0;
-    int wide = simd && qw_use_avx512(); /* 32 vector registers: tiles of up to 8 heads */
+    att_args A = {G, hd, bs, n_blocks, bs * hd, kv_type, simd, simd && qw_use_avx512(), scale, Kc, Vc};
+    const int64_t sb = span_blocks(bs), Hkv = n_kv_heads;
+    const size_t each = (size_t)(G * hd + 2 * G); /* floats of a span's state */
+    /* first[t]: row t's first span item; its spans run over blocks [c sb, (c + 1) sb) */
+    int64_t *first = malloc((size_t)(T + 1) * sizeof(int64_t)), max_spans = 1;
+    if (!first) return -1;
+    first[0] = 0;
+    for (int64_t t = 0; t < T; t++) {
+        int64_t spans = (row_pos[t] / bs + sb) / sb;
+        max_spans = spans > max_spans ? spans : max_spans;
+        first[t + 1] = first[t] + Hkv * spans;
+    }
+    /* spans as items of their own where the rows' items are too few for the threads */
+    int split = max_spans > 1 && T * Hkv < 4 * (int64_t)qw_get_threads() &&
+                (size_t)first[T] * each * sizeof(float) <= SPLIT_STATE_BYTES;
+    float *states = split ? malloc((size_t)first[T] * each * sizeof(float)) : NULL;
+    if (split && !states) {
+        free(first);
+        return -1;
+    }
+    int64_t items = split ? first[T] : T * Hkv;
     int failed = 0;
 #pragma omp parallel num_threads(qw_get_threads())
     {
         /* acc [G, hd]; a block's scores [G, bs rounded up to 16]; for a 16-bit pool on the plain
          * path, one block of one kv head's keys and values as float32 (the AVX2 path widens in
-         * registers) */
+         * registers); the states of a (row, kv head)'s spans when they run here one by one */
         size_t sstride = (size_t)(bs + 15) / 16 * 16;
+        size_t own = !split && max_spans > 1 ? (size_t)max_spans * each : 0;
         size_t scratch = (size_t)(G * hd) + (size_t)G * sstride + (kv_type == QW_KV_F16 && !simd ? (size_t)(2 * bs * hd) : 0);
-        float *acc = malloc(scratch * sizeof(float));
+        float *acc = malloc((scratch + own) * sizeof(float));
         float *sc = acc ? acc + G * hd : NULL, *kbuf = sc ? sc + (size_t)G * sstride : NULL;
-        float *vbuf = kbuf ? kbuf + bs * hd : NULL;
+        float *vbuf = kbuf ? kbuf + bs * hd : NULL, *mine = acc ? acc + scratch : NULL;
         if (!acc) {
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t kvh = 0; kvh < n_kv_heads; kvh++) {
-                if (!acc) continue;
-                const int32_t *table = block_tables + (size_t)row_seq[t] * max_blocks;
-                const float *qg = q + (t * n_heads + kvh * G) * hd;
-                float *og = out + (t * n_heads + kvh * G) * hd;
-                head_pool Kp = {(const char *)Kc + (size_t)(kvh * n_blocks) * (size_t)stride * esize, kv_type, stride};
-                head_pool Vp = {(const char *)Vc + (size_t)(kvh * n_blocks) * (size_t)stride * esize, kv_type, stride};
-#if QW_HAVE_X86
-                if (simd && wide)
-                    attend_group_avx512(qg, G, hd, Kp, Vp, bs, table, row_pos[t] + 1, scale, acc, sc, og);
-                else if (simd)
-                    attend_group_avx2(qg, G, hd, Kp, Vp, bs, table, row_pos[t] + 1, scale, acc, sc, og);
-                else
-#endif
-                    attend_group_plain(qg, G, hd, Kp, Vp, bs, table, row_pos[t] + 1, scale, acc, kbuf, vbuf, og);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            if (!acc) continue;
+            int64_t t, kvh, c = 0;
+            if (split) { /* the row whose items hold it */
+                int64_t lo = 0, hi = T - 1;
+                while (lo < hi) {
+                    int64_t mid = (lo + hi + 1) / 2;
+                    if (first[mid] <= it) lo = mid;
+                    else hi = mid - 1;
+                }
+                t = lo;
+            } else {
+                t = it / Hkv;
             }
+            int64_t spans = (first[t + 1] - first[t]) / Hkv, n = row_pos[t] + 1, blocks = row_pos[t] / bs + 1;
+            if (split) {
+                kvh = (it - first[t]) / spans;
+                c = (it - first[t]) % spans;
+            } else {
+                kvh = it % Hkv;
+            }
+            const int32_t *table = block_tables + (size_t)row_seq[t] * max_blocks;
+            const float *qg = q + (t * n_heads + kvh * G) * hd;
+            float *og = out + (t * n_heads + kvh * G) * hd;
+            if (spans == 1) {
+                attend(&A, qg, kvh, table, 0, blocks, n, acc, sc, kbuf, vbuf, NULL, og);
+            } else if (split) {
+                float *st = states + (size_t)it * each;
+                int64_t b1 = (c + 1) * sb < blocks ? (c + 1) * sb : blocks;
+                attend(&A, qg, kvh, table, c * sb, b1, n, acc, sc, kbuf, vbuf, st, st + 2 * G);
+            } else {
+                for (c = 0; c < spans; c++) {
+                    float *st = mine + (size_t)c * each;
+                    int64_t b1 = (c + 1) * sb < blocks ? (c + 1) * sb : blocks;
+                    attend(&A, qg, kvh, table, c * sb, b1, n, acc, sc, kbuf, vbuf, st, st + 2 * G);
+                }
+                merge_spans(mine, spans, G, hd, og);
+            }
+        }
+        if (split) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t p = 0; p < T * Hkv; p++) {
+                int64_t t = p / Hkv, kvh = p % Hkv, spans = (first[t + 1] - first[t]) / Hkv;
+                if (spans > 1 && !failed)
+                    merge_spans(states + (size_t)(first[t] + kvh * spans) * each, spans, G, hd,
+                                out + (t * n_heads + kvh * G) * hd);
+            }
+        }
         free(acc);
     }
+    free(states);
+    free(first);
     return failed ? -1 : 0;
 }

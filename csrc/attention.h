@@ -35,8 +35,9 @@ void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, 
  *
  * Query head h reads kv head h / (n_heads / n_kv_heads). Each (row, kv head) is computed on its
  * own, with a softmax that carries its running max and sum block by block (the max subtracted
- * before every exp), so a row's result depends on its own inputs only: never on the other rows of
- * the step or on the thread count. Returns 0, or -1 when scratch memory could not be allocated
+ * before every exp), in spans of 1,024 positions whose states merge in order (so a long row is
+ * several work items when the step has few rows), so a row's result depends on its own inputs
+ * only: never on the other rows of the step or on the thread count. Returns 0, or -1 when scratch memory could not be allocated
  * or kv_type is unknown (out is then incomplete). */
 int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
                        int kv_type, const void *Kc, const void *Vc, int64_t n_blocks, int64_t bs,

@@ -283,8 +283,8 @@ ATT_TARGET static void ATT(block_values)(float *acc, int64_t G, int64_t hd, cons
 }
 
 ATT_TARGET static void ATT(attend_group)(const float *q, int64_t G, int64_t hd, head_pool Kp, head_pool Vp,
-                                             int64_t bs, const int32_t *table, int64_t n, float scale, float *acc,
-                                             float *sc, float *out) {
+                                             int64_t bs, const int32_t *table, int64_t b0, int64_t b1, int64_t n,
+                                             float scale, float *acc, float *sc, float *ml, float *out) {
     float m[64], corr[64];
     __m256 l[64]; /* per head, the sum of e^(s - m) in 8 lanes: reduced once, at the end */
     const int f16 = Kp.kv_type == QW_KV_F16;
@@ -299,10 +299,12 @@ ATT_TARGET static void ATT(attend_group)(const float *q, int64_t G, int64_t hd, 
         l[g] = _mm256_setzero_ps();
     }
     memset(acc, 0, (size_t)(G * hd) * sizeof(float));
-    for (int64_t b = 0; b * bs < n; b++) {
+    for (int64_t b = b0; b < b1; b++) {
         int64_t nk = n - b * bs < bs ? n - b * bs : bs;
         pf_cursor pf = {{NULL, NULL}, {0, 0}};
-        if ((b + 2) * bs < n) { /* the block after next: its lines arrive while this one is worked */
+        /* the block after next, also past the span (the next span's, often run next by this
+         * thread): its lines arrive while this one is worked */
+        if ((b + 2) * bs < n) {
             pf.at[0] = block_at(Kp, table[b + 2]);
             pf.at[1] = block_at(Vp, table[b + 2]);
             pf.left[0] = pf.left[1] = bs * hd * (int64_t)kv_esize(Kp.kv_type);
@@ -334,6 +336,14 @@ ATT_TARGET static void ATT(attend_group)(const float *q, int64_t G, int64_t hd, 
         }
         ATT(block_values)(acc, G, hd, corr, sc, sstride, Vb, f16, nk, &pf, pf_lines);
         ATT(pf_some)(&pf, INT32_MAX);
+    }
+    if (ml) { /* a span's state, for merge_spans */
+        for (int64_t g = 0; g < G; g++) {
+            ml[g] = m[g];
+            ml[G + g] = ATT(hsum8)(l[g]);
+        }
+        memcpy(out, acc, (size_t)(G * hd) * sizeof(float));
+        return;
     }
     for (int64_t g = 0; g < G; g++) {
         __m256 inv = _mm256_set1_ps(1.0f / ATT(hsum8)(l[g]));

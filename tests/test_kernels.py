@@ -252,6 +252,60 @@ def test_attention_many_sequences_one_call(path):
         np.testing.assert_array_equal(alone, out[t:t + 1])
 
 
+@contextlib.contextmanager
+def threads(n):
+    old = _ops.get_threads()
+    _ops.set_threads(n)
+    try:
+        yield
+    finally:
+        _ops.set_threads(old)
+
+
+@pytest.mark.parametrize("bs", [16, 5, 1])
+@pytest.mark.parametrize("Hkv,f16", [(2, False), (1, True)])
+def test_attention_long_rows_in_spans(path, bs, Hkv, f16):
+    """Rows past 1,024 positions are attended in spans (as separate work items when the call has
+    few rows, one after another when it has many) whose states merge in order: each row agrees
+    with the float64 reference, with its max in a later span than the first, at the span edges
+    (1,023 and 1,024: one position in a second span), and gives the same bits alone, among many
+    rows, and at 1 or 2 threads."""
+    H, hd, cap = 4 * Hkv, 64, 2600
+    K = (rng.standard_normal((Hkv, cap, hd)) * 2).astype(np.float32)
+    V = rng.standard_normal((Hkv, cap, hd)).astype(np.float32)
+    K[:, 2100] *= 25  # a peaked softmax whose max lies in the third span
+    if f16:
+        K, V = K.astype(np.float16).astype(np.float32), V.astype(np.float16).astype(np.float32)
+    Kc, Vc, tables = paged([(K, V)], bs, dtype=np.float16 if f16 else np.float32)
+    pos = np.array([2599, 1023, 1024, 2100, 700, 2047, 2048, 3, 2300, 1500], np.int64)
+    q = rng.standard_normal((len(pos), H, hd)).astype(np.float32)
+    zeros = np.zeros(len(pos), np.int32)
+    many = np.empty_like(q)
+    with threads(2):
+        _ops.paged_attention(q, Kc, Vc, tables, zeros, pos, hd ** -0.5, many)
+    for t, p in enumerate(pos):
+        np.testing.assert_allclose(many[t:t + 1], attention_reference(q[t:t + 1], K, V, p, hd ** -0.5), atol=3e-5)
+        for n in (1, 2):
+            alone = np.empty_like(q[t:t + 1])
+            with threads(n):
+                _ops.paged_attention(q[t:t + 1], Kc, Vc, tables, zeros[:1], pos[t:t + 1], hd ** -0.5, alone)
+            np.testing.assert_array_equal(alone, many[t:t + 1])
+
+
+def test_attention_spans_falsifier():
+    """The span test's reference sees a merge that drops a span's rescaling: the last span's
+    state taken as the whole answer is far off for a row whose max is in an earlier span."""
+    H, Hkv, hd, cap = 2, 1, 64, 1800
+    K = (rng.standard_normal((Hkv, cap, hd)) * 2).astype(np.float32)
+    V = rng.standard_normal((Hkv, cap, hd)).astype(np.float32)
+    K[:, 100] *= 25
+    q = rng.standard_normal((1, H, hd)).astype(np.float32)
+    want = attention_reference(q, K, V, 1799, hd ** -0.5)
+    last_span = attention_reference(q, K[:, 1024:], V[:, 1024:], 1799 - 1024, hd ** -0.5)
+    assert np.abs(last_span - want).max() > 1e-2
+    np.testing.assert_allclose(run_paged(q, K, V, 1799, hd ** -0.5), want, atol=3e-5)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_kv_write_places_rows_in_their_slots(path, dtype):
     Hkv, hd, bs = 2, 12, 4  # hd not a multiple of 8: the vector converters' scalar tail
@@ -502,12 +556,14 @@ def test_dot_peak_counts_long_runs_without_wrapping():
 
 @pytest.mark.parametrize("H,Hkv,hd", [(14, 2, 64), (8, 1, 16), (16, 1, 24), (17, 1, 8), (12, 2, 128)])
 @pytest.mark.parametrize("f16", [False, True])
-def test_attention_simd_paths_give_the_same_bits(H, Hkv, hd, f16):
+@pytest.mark.parametrize("start", [70, 2060])
+def test_attention_simd_paths_give_the_same_bits(H, Hkv, hd, f16, start):
     """The AVX-512 attention (tiles of up to 8 heads) computes every score and output with the
-    AVX2 path's FMA chains, so the two agree bit for bit; on a CPU without AVX-512 this compares
-    AVX2 with itself. A mutation of either path's arithmetic shows here."""
+    AVX2 path's FMA chains, so the two agree bit for bit, in one span or several; on a CPU
+    without AVX-512 this compares AVX2 with itself. A mutation of either path's arithmetic shows
+    here."""
     simd = [p for p in _ops.simd_paths() if p != "plain"]
-    T, start, cap = 3, 70, 96
+    T, cap = 3, start + 26
     q = rng.standard_normal((T, H, hd)).astype(np.float32)
     K = rng.standard_normal((Hkv, cap, hd)).astype(np.float32)
     V = rng.standard_normal((Hkv, cap, hd)).astype(np.float32)
