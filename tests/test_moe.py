@@ -124,6 +124,20 @@ def test_a_rows_bits_do_not_depend_on_its_step(threads, simd):
         _ops.set_threads(old)
 
 
+def test_more_picks_than_the_lone_row_path_sorts():
+    """A row picking more than 64 experts takes the per-expert path even alone: still the
+    reference's result, and each row's bits whatever its step."""
+    rng = np.random.default_rng(4)
+    ex, w = make_layer(rng, D=32, E=70, k=66, I=8, norm=True)
+    h = rng.standard_normal((3, 32)).astype(np.float32)
+    out = np.empty_like(h)
+    _ops.moe_mlp(ex, h, out, scratch(ex, 3), 0)
+    np.testing.assert_allclose(out, ref_layer(w, h, 66, True), rtol=1e-5, atol=1e-5)
+    one = np.empty((1, 32), np.float32)
+    _ops.moe_mlp(ex, h[1:2].copy(), one, scratch(ex, 1), 0)
+    np.testing.assert_array_equal(one[0], out[1])
+
+
 def test_bad_arguments_are_refused():
     rng = np.random.default_rng(1)
     ex, w = make_layer(rng)
