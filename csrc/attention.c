@@ -200,6 +200,9 @@ typedef struct {
 
 static int64_t span_blocks(int64_t bs) { return bs >= SPAN_POSITIONS ? 1 : SPAN_POSITIONS / bs; }
 
+/* spans of sb blocks of bs positions over a row at position pos */
+static int64_t row_spans(int64_t pos, int64_t bs, int64_t sb) { return (pos / bs + sb) / sb; }
+
 /* out[G, hd] from S spans' states, each [m: G][l: G][acc: G * hd], merged in span order. */
 static void merge_spans(const float *st, int64_t S, int64_t G, int64_t hd, float *out) {
     size_t each = (size_t)(G * hd + 2 * G);
@@ -256,24 +259,31 @@ int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_
     att_args A = {G, hd, bs, n_blocks, bs * hd, kv_type, simd, simd && qw_use_avx512(), scale, Kc, Vc};
     const int64_t sb = span_blocks(bs), Hkv = n_kv_heads;
     const size_t each = (size_t)(G * hd + 2 * G); /* floats of a span's state */
-    /* first[t]: row t's first span item; its spans run over blocks [c sb, (c + 1) sb) */
-    int64_t *first = malloc((size_t)(T + 1) * sizeof(int64_t)), max_spans = 1;
-    if (!first) return -1;
-    first[0] = 0;
+    /* row t's spans run over blocks [c sb, (c + 1) sb) */
+    int64_t max_spans = 1, span_items = 0;
     for (int64_t t = 0; t < T; t++) {
-        int64_t spans = (row_pos[t] / bs + sb) / sb;
+        int64_t spans = row_spans(row_pos[t], bs, sb);
         max_spans = spans > max_spans ? spans : max_spans;
-        first[t + 1] = first[t] + Hkv * spans;
+        span_items += Hkv * spans;
     }
-    /* spans as items of their own where the rows' items are too few for the threads */
+    /* spans as items of their own where the rows' items are too few for the threads; then
+     * first[t] is row t's first span item */
     int split = max_spans > 1 && T * Hkv < 4 * (int64_t)qw_get_threads() &&
-                (size_t)first[T] * each * sizeof(float) <= SPLIT_STATE_BYTES;
-    float *states = split ? malloc((size_t)first[T] * each * sizeof(float)) : NULL;
-    if (split && !states) {
-        free(first);
-        return -1;
+                (size_t)span_items * each * sizeof(float) <= SPLIT_STATE_BYTES;
+    int64_t *first = NULL;
+    float *states = NULL;
+    if (split) {
+        first = malloc((size_t)(T + 1) * sizeof(int64_t));
+        states = malloc((size_t)span_items * each * sizeof(float));
+        if (!first || !states) {
+            free(first);
+            free(states);
+            return -1;
+        }
+        first[0] = 0;
+        for (int64_t t = 0; t < T; t++) first[t + 1] = first[t] + Hkv * row_spans(row_pos[t], bs, sb);
     }
-    int64_t items = split ? first[T] : T * Hkv;
+    int64_t items = split ? span_items : T * Hkv;
     int failed = 0;
 #pragma omp parallel num_threads(qw_get_threads())
     {
@@ -305,7 +315,7 @@ int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_
             } else {
                 t = it / Hkv;
             }
-            int64_t spans = (first[t + 1] - first[t]) / Hkv, n = row_pos[t] + 1, blocks = row_pos[t] / bs + 1;
+            int64_t n = row_pos[t] + 1, blocks = row_pos[t] / bs + 1, spans = row_spans(row_pos[t], bs, sb);
             if (split) {
                 kvh = (it - first[t]) / spans;
                 c = (it - first[t]) % spans;
@@ -333,7 +343,7 @@ int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_
         if (split) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t p = 0; p < T * Hkv; p++) {
-                int64_t t = p / Hkv, kvh = p % Hkv, spans = (first[t + 1] - first[t]) / Hkv;
+                int64_t t = p / Hkv, kvh = p % Hkv, spans = row_spans(row_pos[t], bs, sb);
                 if (spans > 1 && !failed)
                     merge_spans(states + (size_t)(first[t] + kvh * spans) * each, spans, G, hd,
                                 out + (t * n_heads + kvh * G) * hd);

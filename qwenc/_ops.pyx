@@ -41,7 +41,6 @@ cdef extern from "matmul.h":
         int64_t N
         float *Y
         const float *bias
-    int QW_GROUP_MAX
     int qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) nogil
     size_t qw_act_round_bytes() nogil
     int qw_vertical_pays(int64_t M) nogil
@@ -268,20 +267,31 @@ def matmul(const uint8_t[::1] W, int dtype, int64_t N, int64_t K, const float[:,
         raise MemoryError("matmul: out of memory for its scratch buffers")
 
 
-cdef _fill_product(qw_product *p, object prod, int64_t K, int64_t M):
-    """p from a (W, dtype, N, Y, bias) product of an [M, K] X, its shapes checked (Y NULL when
-    M is 0)."""
+cdef _weight(qw_product *p, object prod, int64_t N, int64_t K, str name):
+    """p from a (W, dtype, N, Y, bias) product of W [N, K] whose output the kernel places (Y is
+    not read)."""
     cdef const uint8_t[::1] w
-    cdef float[:, ::1] y
     cdef const float[::1] b
-    W, dtype, N, Y, bias = prod
-    w, y, b = W, Y, bias
-    _check_product(w, dtype, N, K, M, y, b)
+    W, dtype, n, _, bias = prod
+    if n != N:
+        raise ValueError(f"{name} has {n} rows, needs {N}")
+    w, b = W, bias
+    _check_weight(w, dtype, N, K, b)
     p.W = &w[0]
     p.dtype = dtype
     p.N = N
-    p.Y = &y[0, 0] if M > 0 else NULL
+    p.Y = NULL
     p.bias = &b[0] if b is not None else NULL
+
+
+cdef _fill_product(qw_product *p, object prod, int64_t K, int64_t M):
+    """p from a (W, dtype, N, Y, bias) product of an [M, K] X, its shapes checked (Y NULL when
+    M is 0)."""
+    cdef float[:, ::1] y = prod[3]
+    _weight(p, prod, prod[2], K, "the product")
+    if y.shape[0] != M or y.shape[1] != p.N:
+        raise ValueError(f"shape mismatch: X {M}x{K}, W {p.N}x{K}, Y {y.shape[0]}x{y.shape[1]}")
+    p.Y = &y[0, 0] if M > 0 else NULL
 
 
 def matmul_group(products, const float[:, ::1] X, int act=0):
@@ -289,10 +299,10 @@ def matmul_group(products, const float[:, ::1] X, int act=0):
     X's row length, as one parallel pass over all the matrices' rows (a layer's q, k, v; gate,
     up), each output exactly as matmul computes it."""
     cdef int64_t M = X.shape[0], K = X.shape[1]
-    cdef qw_product p[4]  # QW_GROUP_MAX
+    cdef qw_product p[4]
     cdef int i, rc, count = len(products)
     _check_act(act)
-    if count < 1 or count > min(QW_GROUP_MAX, 4):
+    if count < 1 or count > 4:
         raise ValueError(f"a group holds 1 to 4 products, got {count}")
     for i in range(count):
         _fill_product(&p[i], products[i], K, M)
@@ -542,23 +552,6 @@ def paged_attention(const float[:, :, ::1] q, Kc, Vc,
 
 # ---------------------------------------------------------------- layers of experts
 
-cdef _weight(qw_product *p, object prod, int64_t N, int64_t K, str name):
-    """p from a (W, dtype, N, Y, bias) product of W [N, K] whose output the kernel places (Y is
-    not read)."""
-    cdef const uint8_t[::1] w
-    cdef const float[::1] b
-    W, dtype, n, _, bias = prod
-    if n != N:
-        raise ValueError(f"{name} has {n} rows, needs {N}")
-    w, b = W, bias
-    _check_weight(w, dtype, N, K, b)
-    p.W = &w[0]
-    p.dtype = dtype
-    p.N = N
-    p.Y = NULL
-    p.bias = &b[0] if b is not None else NULL
-
-
 cdef void _moe_shape(qw_moe *m, int64_t hidden, int64_t n_experts, int64_t top_k, int64_t inter,
                      int64_t shared_inter) noexcept:
     m.hidden, m.n_experts, m.top_k, m.inter, m.shared_inter = hidden, n_experts, top_k, inter, shared_inter
@@ -617,13 +610,6 @@ cdef class Experts:
     def __dealloc__(self):
         free(self.prods)
 
-    def scratch_bytes(self, int64_t T):
-        return qw_moe_scratch_bytes(&self.m, T)
-
-    @property
-    def hidden(self):
-        return self.m.hidden
-
 
 cdef void *_scratch(uint8_t[::1] scratch, size_t need) except NULL:
     if <size_t>scratch.shape[0] < need or need == 0:
@@ -635,7 +621,7 @@ cdef void *_scratch(uint8_t[::1] scratch, size_t need) except NULL:
 
 def moe_mlp(Experts ex, const float[:, ::1] h, float[:, ::1] out, uint8_t[::1] scratch, int act=0):
     """out = the layer of experts ex applied to the rows of h (csrc/moe.h); scratch: at least
-    ex.scratch_bytes(rows) bytes, 64-byte aligned."""
+    moe_scratch_bytes(..., rows) bytes of ex's shapes, 64-byte aligned."""
     cdef int64_t T = h.shape[0]
     cdef int rc
     cdef void *s

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from qwenc import _ops
+from qwenc.model.forward import aligned_bytes
 
 F32 = 0
 
@@ -50,7 +51,7 @@ def f32(a):
 
 def make_layer(rng, D=48, E=6, k=2, I=40, shared_I=0, norm=True):
     g = lambda *s: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32)
-    w = dict(router=g(E, D), experts=[(g(I, D), g(I, D), g(D, I)) for _ in range(E)])
+    w = dict(router=g(E, D), experts=[(g(I, D), g(I, D), g(D, I)) for _ in range(E)], shape=(D, E, k, I, shared_I))
     if shared_I:
         w["shared"] = (g(shared_I, D), g(shared_I, D), g(D, shared_I))
         w["shared_gate"] = g(1, D)
@@ -75,11 +76,8 @@ def ref_layer(w, h, k, norm):
     return out
 
 
-def scratch(ex, T):
-    n = ex.scratch_bytes(T)
-    raw = np.empty(n + 64, np.uint8)
-    at = -raw.ctypes.data % 64
-    return raw[at:at + n]
+def scratch(w, T):
+    return aligned_bytes(_ops.moe_scratch_bytes(*w["shape"], T))
 
 
 @pytest.mark.parametrize("k,shared_I,norm", [(2, 0, True), (3, 0, False), (1, 0, True), (2, 56, False), (6, 24, True)])
@@ -88,7 +86,7 @@ def test_layer_of_experts_matches_numpy(k, shared_I, norm, simd):
     ex, w = make_layer(rng, k=k, shared_I=shared_I, norm=norm)
     h = rng.standard_normal((13, 48)).astype(np.float32)
     out = np.empty_like(h)
-    _ops.moe_mlp(ex, h, out, scratch(ex, 13), 0)
+    _ops.moe_mlp(ex, h, out, scratch(w, 13), 0)
     np.testing.assert_allclose(out, ref_layer(w, h, k, norm), rtol=1e-5, atol=1e-5)
 
 
@@ -98,7 +96,7 @@ def test_falsifier_wrong_routing_is_seen():
     wrong, _ = make_layer(np.random.default_rng(3), k=2, norm=False)
     h = rng.standard_normal((13, 48)).astype(np.float32)
     out = np.empty_like(h)
-    _ops.moe_mlp(wrong, h, out, scratch(wrong, 13), 0)
+    _ops.moe_mlp(wrong, h, out, scratch(w, 13), 0)
     assert np.abs(out - ref_layer(w, h, 2, True)).max() > 1e-3
 
 
@@ -106,19 +104,19 @@ def test_falsifier_wrong_routing_is_seen():
 def test_a_rows_bits_do_not_depend_on_its_step(threads, simd):
     """Every row of a step (the per-expert path) equals that row alone (the lone-row path)."""
     rng = np.random.default_rng(9)
-    ex, _ = make_layer(rng, k=3, shared_I=24)
+    ex, w = make_layer(rng, k=3, shared_I=24)
     h = rng.standard_normal((21, 48)).astype(np.float32)
     old = _ops.get_threads()
     _ops.set_threads(threads)
     try:
         out = np.empty_like(h)
-        _ops.moe_mlp(ex, h, out, scratch(ex, 21), 0)
+        _ops.moe_mlp(ex, h, out, scratch(w, 21), 0)
         for t in range(21):
             one = np.empty((1, 48), np.float32)
-            _ops.moe_mlp(ex, h[t:t + 1].copy(), one, scratch(ex, 1), 0)
+            _ops.moe_mlp(ex, h[t:t + 1].copy(), one, scratch(w, 1), 0)
             np.testing.assert_array_equal(one[0], out[t])
         part = np.empty((5, 48), np.float32)
-        _ops.moe_mlp(ex, h[7:12].copy(), part, scratch(ex, 5), 0)
+        _ops.moe_mlp(ex, h[7:12].copy(), part, scratch(w, 5), 0)
         np.testing.assert_array_equal(part, out[7:12])
     finally:
         _ops.set_threads(old)
@@ -131,10 +129,10 @@ def test_more_picks_than_the_lone_row_path_sorts():
     ex, w = make_layer(rng, D=32, E=70, k=66, I=8, norm=True)
     h = rng.standard_normal((3, 32)).astype(np.float32)
     out = np.empty_like(h)
-    _ops.moe_mlp(ex, h, out, scratch(ex, 3), 0)
+    _ops.moe_mlp(ex, h, out, scratch(w, 3), 0)
     np.testing.assert_allclose(out, ref_layer(w, h, 66, True), rtol=1e-5, atol=1e-5)
     one = np.empty((1, 32), np.float32)
-    _ops.moe_mlp(ex, h[1:2].copy(), one, scratch(ex, 1), 0)
+    _ops.moe_mlp(ex, h[1:2].copy(), one, scratch(w, 1), 0)
     np.testing.assert_array_equal(one[0], out[1])
 
 
@@ -143,7 +141,7 @@ def test_bad_arguments_are_refused():
     ex, w = make_layer(rng)
     h = np.ones((4, 48), np.float32)
     out = np.empty_like(h)
-    s = scratch(ex, 4)
+    s = scratch(w, 4)
     with pytest.raises(ValueError, match="needs"):
         _ops.moe_mlp(ex, h, out, s[:-1], 0)
     raw = np.empty(len(s) + 128, np.uint8)

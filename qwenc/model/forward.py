@@ -125,6 +125,13 @@ class StepItem:
     logits: str = "last"
 
 
+def aligned_bytes(n: int, align: int = 64) -> np.ndarray:
+    """n bytes starting at a multiple of `align` (numpy only promises 16)."""
+    raw = np.empty(n + align, np.uint8)
+    at = -raw.ctypes.data % align
+    return raw[at:at + n]
+
+
 class Workspace:
     """Activation buffers for steps of up to `capacity` tokens; a step of T tokens uses the first
     T rows of each (contiguous views), so steps of every size share one allocation."""
@@ -149,9 +156,7 @@ class Workspace:
         if cfg.moe_layers:
             n = _ops.moe_scratch_bytes(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok,
                                        cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size, capacity)
-            raw = np.empty(n + 64, np.uint8)
-            at = -raw.ctypes.data % 64
-            self.moe_scratch = raw[at:at + n]
+            self.moe_scratch = aligned_bytes(n)
         self.use(capacity)
 
     def use(self, T: int):
@@ -235,11 +240,11 @@ class Transformer:
         and the layers' weights as they are now: called at load, and again by whoever changes
         either afterwards."""
         cfg = self.config
+        products = lambda lins: tuple(lin.product(None) for lin in lins)
         self._moe = []
         for layer in self.weights.layers:
             ex = None
             if layer.experts is not None:
-                products = lambda lins: tuple(lin.product(None) for lin in lins)
                 shared = layer.shared is not None
                 ex = _ops.Experts(cfg.hidden_size, cfg.num_experts_per_tok, cfg.norm_topk_prob,
                                   layer.router.product(None), [products(e) for e in layer.experts],
@@ -286,18 +291,11 @@ class Transformer:
         if layer.experts is not None:
             _ops.moe_mlp(self._moe[li], ws.h, ws.o, ws.moe_scratch, self._act)
         else:
-            self._mlp((layer.gate, layer.up, layer.down), ws.h, ws.gate, ws.up, ws.o)
+            _ops.matmul_group([layer.gate.product(ws.gate), layer.up.product(ws.up)], ws.h, self._act)
+            g = ws.gate.reshape(-1)
+            _ops.silu_mul(g, ws.up.reshape(-1), g)
+            layer.down(ws.gate, ws.o, self._act)
         ws.x += ws.o
-
-    def _mlp(self, mlp, x, gate, up, out):
-        """out = down(silu(gate(x)) * up(x)); gate and up: scratch rows of the MLP's width."""
-        w_gate, w_up, w_down = mlp
-        # gate and up read the same x: one pass over its rows
-        _ops.matmul_group([w_gate.product(gate), w_up.product(up)], x, self._act)
-        g = gate.reshape(-1)
-        _ops.silu_mul(g, up.reshape(-1), g)
-        w_down(gate, out, self._act)
-        return out
 
     # -- one step ----------------------------------------------------------------------------
 

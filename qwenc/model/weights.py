@@ -146,7 +146,6 @@ class Weights:
                 Linear(self.matrix(prefix + "up_proj.weight", (inter, h))),
                 Linear(self.matrix(prefix + "down_proj.weight", (h, inter))))
 
-
     def experts(self, prefix) -> list:
         """A layer's experts as (gate, up, down) Linears. Checkpoints store them one matrix per
         expert (`experts.E.gate_proj.weight`, as published), or stacked in 3-D tensors: a GGUF's
