@@ -154,8 +154,8 @@ static int lone_row(const qw_moe *m, const float *h, int act, const scratch *s, 
         down.Y = s->y + j * D;
         if (qw_matmul_group(&down, 1, I, s->gate + j * I, 1, act)) return QW_ENOMEM;
     }
-    for (int64_t j = 0; j < k; j++)
-        for (int64_t c = 0; c < D; c++) out[c] = out[c] + s->y[j * D + c] * w[j];
+    const int64_t row = 0;
+    for (int64_t j = 0; j < k; j++) add_rows(out, s->y + j * D, &row, w + j, 1, D);
     return 0;
 }
 
@@ -198,11 +198,10 @@ int qw_moe_mlp(const qw_moe *m, const float *h, int64_t T, int act, void *scratc
         if (mlp(m->shared, m->shared_inter, D, h, T, act, &s)) return QW_ENOMEM;
         for (int64_t t = 0; t < T; t++) {
             /* exp overflowing to inf is a gate of 0, as it should be */
-            float gt = 1.0f / (1.0f + expf(-s.sg[t]));
-            float *o = out + t * D;
-            const float *y = s.y + t * D;
-            for (int64_t c = 0; c < D; c++) o[c] = o[c] + gt * y[c];
+            s.sg[t] = 1.0f / (1.0f + expf(-s.sg[t]));
+            s.rows[t] = t; /* free again: each row adds its own */
         }
+        add_rows(out, s.y, s.rows, s.sg, T, D);
     }
     return 0;
 }
