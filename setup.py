@@ -22,11 +22,11 @@ from setuptools import Extension, setup
 # their AVX2 dequantizers, the integer path's activation rows, its repacked layouts with their
 # plain, AVX2 and AVX-512 VNNI products, the float dot, and the products' driver.
 KERNELS = ["csrc/cpu.c", "csrc/quant.c", "csrc/quant_avx2.c", "csrc/act.c", "csrc/intdot.c", "csrc/intdot_avx2.c",
-           "csrc/intdot_avx512.c", "csrc/intdot_amx.c", "csrc/fdot.c", "csrc/matmul.c"]
+           "csrc/intdot_avx512.c", "csrc/intdot_amx.c", "csrc/fdot.c", "csrc/ops.c", "csrc/matmul.c"]
 
 # Each Python-visible module and the C files it wraps.
 MODULES = {
-    "qwenc._ops": KERNELS + ["csrc/ops.c", "csrc/probe.c", "csrc/attention.c", "csrc/forward.c", "csrc/moe.c", "csrc/sample.c"],
+    "qwenc._ops": KERNELS + ["csrc/probe.c", "csrc/attention.c", "csrc/forward.c", "csrc/moe.c", "csrc/sample.c"],
     "qwenc._quant": KERNELS,
     "qwenc._bpe": ["csrc/bpe.c"],
 }

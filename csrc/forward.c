@@ -36,8 +36,7 @@ int qw_forward_layers(const qw_stack *s, const qw_layer *layers, int n, int64_t 
         if (L->moe) {
             if (qw_moe_mlp(L->moe, s->h, T, s->act, s->moe_scratch, s->o)) return QW_ENOMEM;
         } else {
-            if (qw_matmul_group(L->gate_up, 2, D, s->h, T, s->act)) return QW_ENOMEM;
-            qw_silu_mul(s->gate, s->up, T * s->inter, s->gate);
+            if (qw_matmul_swiglu(L->gate_up, D, s->h, T, s->act)) return QW_ENOMEM;
             if (qw_matmul_group(&L->down, 1, s->inter, s->gate, T, s->act)) return QW_ENOMEM;
         }
         add_into(s->x, s->o, T * D);

@@ -7,6 +7,7 @@
 #include "fdot.h"
 #include "kernels.h"
 #include "qblock.h"
+#include "ops.h"
 #include "quant.h"
 
 /* Widened weights per tile of the f32 path: for prefill-sized M a tile stays in a core's
@@ -175,8 +176,9 @@ static const uint8_t *quantize_amx(int bits, int bf16, const float *X, int64_t M
  * a thread streaming one long run keeps the hardware prefetchers ahead of it, and on a shared
  * machine a descheduled thread's items get done by the others. */
 
-typedef struct {
+typedef struct plan {
     const qw_product *p;
+    const struct plan *mate; /* a swiglu group's up product, on the gate's plan: its items take both */
     qw_r8_fn idot;        /* the integer product, or NULL for the float path */
     int base;             /* the stored type (W's type, or the one it was repacked from) */
     int repacked;         /* W is in the R8 layout */
@@ -258,22 +260,24 @@ static void put_outputs(const qw_product *p, int64_t m, int64_t count, int64_t g
  * the next block (which then comes from L2 for every group). Stored weights are repacked into
  * `pack` first, the whole item at once. Neither order nor blocking changes a result: each output
  * is one kernel call's, for the same 16-row block, whatever the order. */
-static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const uint8_t *xq, size_t xstride, int64_t m0,
-                     int64_t m1, uint8_t *pack, uint8_t *amx) {
+/* The repacked groups of rows n0 .. n0 + nb: in place, or repacked into pack. */
+static const uint8_t *item_groups(const plan *pl, int64_t n0, int64_t nb, int64_t K, uint8_t *pack) {
+    size_t gb = qw_r8_group_bytes(pl->base, K);
+    if (pl->repacked) return (const uint8_t *)pl->p->W + (size_t)(n0 / 8) * gb;
+    for (int64_t g0 = n0; g0 < n0 + nb; g0 += 8) {
+        int rows = n0 + nb - g0 < 8 ? (int)(n0 + nb - g0) : 8;
+        qw_repack_group(pl->base, (const uint8_t *)pl->p->W + (size_t)g0 * pl->stride, pl->stride, rows, K,
+                        pack + (size_t)((g0 - n0) / 8) * gb);
+    }
+    return pack;
+}
+
+static void product_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const uint8_t *xq, size_t xstride,
+                         int64_t m0, int64_t m1, uint8_t *pack, uint8_t *amx) {
     const qw_product *p = pl->p;
     size_t gb = qw_r8_group_bytes(pl->base, K);
     float out[QW_R8_MAX_M * 8];
-    const uint8_t *groups;
-    if (pl->repacked)
-        groups = (const uint8_t *)p->W + (size_t)(n0 / 8) * gb;
-    else {
-        for (int64_t g0 = n0; g0 < n0 + nb; g0 += 8) {
-            int rows = n0 + nb - g0 < 8 ? (int)(n0 + nb - g0) : 8;
-            qw_repack_group(pl->base, (const uint8_t *)p->W + (size_t)g0 * pl->stride, pl->stride, rows, K,
-                            pack + (size_t)((g0 - n0) / 8) * gb);
-        }
-        groups = pack;
-    }
+    const uint8_t *groups = item_groups(pl, n0, nb, K, pack);
     if (pl->amx && m1 - m0 >= 16) {
         /* the round's whole 16-row blocks: two groups at a time, each pair unpacked once for all
          * of them (xq holds the AMX blocks, then the plain rows of a short last block) */
@@ -300,6 +304,49 @@ static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const ui
             put_outputs(p, m, mb, g0, rows, out, 8);
         }
     }
+}
+
+/* A swiglu group's item (run_group): the gate's rows n0 .. n0 + nb and the up product's same rows
+ * (whole 16-row pieces: N is a multiple of 16), then silu(gate) * up into the gate's Y with
+ * qw_silu_mul's arithmetic. The AMX blocks' up sums stay in the thread's work area; the plain rows
+ * of a short last block go through both Ys. */
+static void gated_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const uint8_t *xq, size_t xstride,
+                       int64_t m0, int64_t m1, uint8_t *pack, uint8_t *amx) {
+    const plan *up = pl->mate;
+    const qw_product *p = pl->p, *q = up->p;
+    const int64_t N = p->N;
+    if (m1 - m0 >= 16) {
+        const size_t gb = qw_r8_group_bytes(pl->base, K), ub = qw_r8_group_bytes(up->base, K);
+        const uint8_t *gg = item_groups(pl, n0, nb, K, pack), *gu = item_groups(up, n0, nb, K, pack + gb * (size_t)(nb / 8));
+        const int64_t nblk = (m1 - m0) / 16;
+        float *res = (float *)(amx + QW_AMX_WORK(nblk)), *ures = res + 256 * nblk;
+        const uint8_t *xa = xq + (size_t)(m0 / 16) * pl->amx_block;
+        for (int64_t g0 = n0; g0 < n0 + nb; g0 += 16) {
+            const uint8_t *a = gg + (size_t)((g0 - n0) / 8) * gb, *b = gu + (size_t)((g0 - n0) / 8) * ub;
+            pl->amx(a, a + gb, K, xa, pl->amx_block, nblk, amx, res);
+            up->amx(b, b + ub, K, xa, up->amx_block, nblk, amx, ures);
+            put_outputs(p, m0, 16 * nblk, g0, 16, res, 16);
+            const float *bias = q->bias ? q->bias + g0 : no_bias;
+            for (int64_t i = 0; i < 16 * nblk; i++)
+                for (int r = 0; r < 16; r++) ures[16 * i + r] = ures[16 * i + r] + bias[r];
+            float *y = p->Y + m0 * N + g0;
+            qw_silu_mul_rows(y, N, ures, 16, 16 * nblk, 16, y, N);
+        }
+        m0 += 16 * nblk;
+    }
+    if (m0 < m1) {
+        product_item(pl, n0, nb, K, xq, xstride, m0, m1, pack, amx);
+        product_item(up, n0, nb, K, xq, xstride, m0, m1, pack, amx);
+        qw_silu_mul_rows(p->Y + m0 * N + n0, N, q->Y + m0 * N + n0, N, m1 - m0, nb, p->Y + m0 * N + n0, N);
+    }
+}
+
+static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const uint8_t *xq, size_t xstride, int64_t m0,
+                     int64_t m1, uint8_t *pack, uint8_t *amx) {
+    if (pl->mate)
+        gated_item(pl, n0, nb, K, xq, xstride, m0, m1, pack, amx);
+    else
+        product_item(pl, n0, nb, K, xq, xstride, m0, m1, pack, amx);
 }
 
 /* Act rows per round of the integer path: every weight row of the group passes one round's act
@@ -386,7 +433,9 @@ static int group_takes_bf16(const qw_product *p, int count, int64_t K, int act) 
     return all_q6k || (size_t)(K / 32) * QW_AMX_ACT_BLOCK_BF16 / 16 * BF16_MIN_ROUND_ROWS <= qw_act_round_bytes();
 }
 
-static int run_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) {
+/* swiglu: p[0] and p[1] are an MLP's gate and up products, fused (qw_matmul_swiglu checked that
+ * both go on the AMX path). */
+static int run_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act, int swiglu) {
     plan pl[QW_GROUP_MAX];
     int64_t float_items = 0, round_items = 0, tile_rows = 0;
     size_t pack_bytes = 0;
@@ -401,6 +450,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     int vertical = !amx && !pairs && act == 16 && qw_vertical_pays(M);
     for (int i = 0; i < count; i++) {
         pl[i].p = &p[i];
+        pl[i].mate = NULL;
         pl[i].repacked = p[i].dtype >= QW_R8;
         pl[i].base = stored_type(p[i].dtype);
         pl[i].pairs = pairs;
@@ -417,7 +467,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
             if (!xq && vertical && !(xq = quantize_vertical(X, M, K, &xstride))) return QW_ENOMEM;
             if (!xq && !(xq = quantize_rows(act, X, M, K, pairs, &xstride))) return QW_ENOMEM;
             pl[i].first = round_items;
-            round_items += (p[i].N + pl[i].rows - 1) / pl[i].rows;
+            if (!(swiglu && i == 1)) round_items += (p[i].N + pl[i].rows - 1) / pl[i].rows;
         } else {
             int64_t r = (M <= SMALL_M ? TILE_BYTES_SMALL : TILE_BYTES) / (K * (int64_t)sizeof(float));
             pl[i].rows = r < 4 ? 4 : r - r % 4;
@@ -431,10 +481,15 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     /* items: the float products' tiles (each over all M rows), then the integer products'
      * chunks round by round */
     for (int i = 0; i < count; i++) pl[i].amx_block = amx_block;
+    if (swiglu) { /* the up product's rows go with the gate's items (and their repacking) */
+        pl[0].mate = &pl[1];
+        count = 1;
+        pack_bytes *= 2;
+    }
     int64_t round_rows = xq ? act_round_rows(amx ? amx_block / 16 : pairs ? xstride / 2 : vertical ? xstride / 8 : xstride, M) : M;
     int64_t rounds = round_items ? (M + round_rows - 1) / round_rows : 0;
     /* each thread's AMX work area: two groups unpacked, then a round's outputs for them */
-    size_t amx_bytes = amx ? QW_AMX_WORK(round_rows / 16) + (size_t)round_rows * 16 * sizeof(float) : 0;
+    size_t amx_bytes = amx ? QW_AMX_WORK(round_rows / 16) + (size_t)(swiglu ? 2 : 1) * round_rows * 16 * sizeof(float) : 0;
     int64_t items = float_items + rounds * round_items;
     int failed = 0;
 #pragma omp parallel num_threads(qw_get_threads())
@@ -475,13 +530,31 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
 int qw_matmul(const void *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M, float *Y,
               const float *bias, int act) {
     qw_product p = {W, dtype, N, Y, bias};
-    return run_group(&p, 1, K, X, M, act);
+    return run_group(&p, 1, K, X, M, act, 0);
 }
 
 int qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) {
     for (int i = 0; i < count; i += QW_GROUP_MAX) {
-        int rc = run_group(p + i, count - i < QW_GROUP_MAX ? count - i : QW_GROUP_MAX, K, X, M, act);
+        int rc = run_group(p + i, count - i < QW_GROUP_MAX ? count - i : QW_GROUP_MAX, K, X, M, act, 0);
         if (rc) return rc;
     }
     return 0;
+}
+
+/* Whether run_group puts both of a gate and up pair on the AMX path (the rule it applies) in
+ * whole 16-row pieces: then their items can be fused. */
+static int swiglu_fuses(const qw_product p[2], int64_t M, int act) {
+    if (!act || M < 16 || p[0].N != p[1].N || p[0].N % 16 != 0 || !qw_amx_kernel(QW_Q8_0, act)) return 0;
+    for (int i = 0; i < 2; i++) {
+        int base = stored_type(p[i].dtype);
+        if (!qw_r8_kernel(base, act) || !qw_amx_kernel(base, act)) return 0;
+    }
+    return 1;
+}
+
+int qw_matmul_swiglu(const qw_product p[2], int64_t K, const float *X, int64_t M, int act) {
+    if (swiglu_fuses(p, M, act)) return run_group(p, 2, K, X, M, act, 1);
+    int rc = qw_matmul_group(p, 2, K, X, M, act);
+    if (rc == 0) qw_silu_mul(p[0].Y, p[1].Y, M * p[0].N, p[0].Y);
+    return rc;
 }

@@ -1,6 +1,7 @@
 #include "ops.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "cpu.h"
 #include "quant.h"
@@ -56,17 +57,47 @@ static void silu_mul_plain(const float *gate, const float *up, int64_t n, float 
 }
 
 #if QW_HAVE_X86
-QW_TARGET_AVX2 static void silu_mul_avx2(const float *gate, const float *up, int64_t n, float *out) {
+/* 8 values of silu(g) * u: every value on this path, the < 8 last ones padded, so that a value's
+ * bits do not depend on where it lies in the array (a row alone, or in a batch's rows). */
+QW_TARGET_AVX2 static inline void silu8(const float *gate, const float *up, float *out) {
+    __m256 g = _mm256_loadu_ps(gate);
+    __m256 e = qw_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), _mm256_loadu_ps(up)));
+}
+
+QW_TARGET_AVX2 static inline __attribute__((always_inline)) void silu_run(const float *gate, const float *up, int64_t n,
+                                                                          float *out) {
     int64_t i = 0;
-    const __m256 one = _mm256_set1_ps(1.0f);
-    for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate + i);
-        __m256 e = qw_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    for (; i + 8 <= n; i += 8) silu8(gate + i, up + i, out + i);
+    if (i < n) {
+        float g[8] = {0}, u[8] = {0}, o[8];
+        memcpy(g, gate + i, (size_t)(n - i) * sizeof(float));
+        memcpy(u, up + i, (size_t)(n - i) * sizeof(float));
+        silu8(g, u, o);
+        memcpy(out + i, o, (size_t)(n - i) * sizeof(float));
     }
-    silu_mul_plain(gate + i, up + i, n - i, out + i);
+}
+
+QW_TARGET_AVX2 static void silu_mul_avx2(const float *gate, const float *up, int64_t n, float *out) {
+    silu_run(gate, up, n, out);
+}
+
+QW_TARGET_AVX2 static void silu_mul_rows_avx2(const float *gate, int64_t ldg, const float *up, int64_t ldu,
+                                              int64_t rows, int64_t cols, float *out, int64_t ldo) {
+    for (int64_t m = 0; m < rows; m++) silu_run(gate + m * ldg, up + m * ldu, cols, out + m * ldo);
 }
 #endif
+
+void qw_silu_mul_rows(const float *gate, int64_t ldg, const float *up, int64_t ldu, int64_t rows, int64_t cols,
+                      float *out, int64_t ldo) {
+#if QW_HAVE_X86
+    if (qw_use_avx2()) {
+        silu_mul_rows_avx2(gate, ldg, up, ldu, rows, cols, out, ldo);
+        return;
+    }
+#endif
+    for (int64_t m = 0; m < rows; m++) silu_mul_plain(gate + m * ldg, up + m * ldu, cols, out + m * ldo);
+}
 
 /* Chunks of whole vectors; each thread takes a contiguous range. */
 #define SILU_CHUNK 4096

@@ -19,6 +19,11 @@ void qw_rope_apply(float *x, int64_t T, int64_t H, int64_t hd, const float *cs);
 
 /* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias gate. */
 void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out);
+/* The same for a block of rows: out[m * ldo + c] = silu(gate[m * ldg + c]) * up[m * ldu + c] for
+ * m < rows, c < cols, on the calling thread. Each value's bits are qw_silu_mul's: neither depends
+ * on where a value lies. */
+void qw_silu_mul_rows(const float *gate, int64_t ldg, const float *up, int64_t ldu, int64_t rows, int64_t cols,
+                      float *out, int64_t ldo);
 
 /* In-place softmax of M rows of n, the row max subtracted first so exp never overflows. */
 void qw_softmax(float *x, int64_t M, int64_t n);

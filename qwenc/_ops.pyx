@@ -42,6 +42,7 @@ cdef extern from "matmul.h":
         float *Y
         const float *bias
     int qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act) nogil
+    int qw_matmul_swiglu(const qw_product *p, int64_t K, const float *X, int64_t M, int act) nogil
     size_t qw_act_round_bytes() nogil
     int qw_vertical_pays(int64_t M) nogil
     void qw_set_act_round_bytes(size_t bytes) nogil
@@ -312,6 +313,25 @@ def matmul_group(products, const float[:, ::1] X, int act=0):
         rc = qw_matmul_group(p, count, K, &X[0, 0], M, act)
     if rc != 0:
         raise MemoryError("matmul_group: out of memory for its scratch buffers")
+
+
+def matmul_swiglu(gate, up, const float[:, ::1] X, int act=0):
+    """An MLP's gate and up products, (W, dtype, N, Y, bias) each: gate's Y = silu(X @ Wg.T + bg) *
+    (X @ Wu.T + bu), as matmul_group and silu_mul give it bit for bit; up's Y is scratch."""
+    cdef int64_t M = X.shape[0], K = X.shape[1]
+    cdef qw_product p[2]
+    cdef int rc
+    _check_act(act)
+    _fill_product(&p[0], gate, K, M)
+    _fill_product(&p[1], up, K, M)
+    if p[0].N != p[1].N:
+        raise ValueError(f"gate and up differ in rows: {p[0].N} and {p[1].N}")
+    if M == 0:
+        return
+    with nogil:
+        rc = qw_matmul_swiglu(p, K, &X[0, 0], M, act)
+    if rc != 0:
+        raise MemoryError("matmul_swiglu: out of memory for its scratch buffers")
 
 
 def embed(const uint8_t[::1] E, int dtype, int64_t V, int64_t D, const int32_t[::1] ids, float[:, ::1] out):

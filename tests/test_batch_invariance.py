@@ -137,6 +137,48 @@ def test_group_products_are_batch_invariant(mode, simd, threads):
                     assert_rows_equal(o, alone[i][:M], f"{mode} group of {count}, matrix {i}, M={M}, {t} threads")
 
 
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("pair", [("Q5_0", "Q5_0"), ("Q4_K", "Q6_K"), ("Q8_0", "Q4_0"), ("Q4_K", "Q5_K")])
+def test_swiglu_equals_group_then_silu(pair, mode, simd, threads):
+    """An MLP's gate and up products joined by silu(gate) * up in one call (matmul_swiglu: on the
+    AMX paths each work item takes both products' rows and the up outputs never reach memory)
+    equal, bit for bit, matmul_group's two outputs joined by silu_mul, and each row equals that row
+    computed alone: 1 to 48 rows (whole 16-row blocks, with and without a plain tail), 1 and 2
+    threads, a bias on the gate, repacked and stored weights, and 131 rows of weights (not whole
+    16-row pieces: the unfused path). Gate and up swapped give other outputs (the check can fail)."""
+    K = 512
+    act = MODES[mode]
+    rng = np.random.default_rng(11)
+    X = activations(48, K, seed=12)
+    for n in (144, 131):
+        stored = [(random_blocks(name, n, K, rng).reshape(-1), CODE[name]) for name in pair]
+        variants = [stored]
+        if n % 8 == 0:
+            variants.append([_ops.repack(W, dt, n, K) for W, dt in stored])
+        bias = rng.standard_normal(n).astype(np.float32)
+        for (Wg, dg), (Wu, du) in variants:
+            def swiglu(x, gate=(Wg, dg), up=(Wu, du)):
+                got = np.full((len(x), n), np.nan, np.float32)
+                _ops.matmul_swiglu((gate[0], gate[1], n, got, bias), (up[0], up[1], n, np.empty_like(got), None),
+                                   np.ascontiguousarray(x), act)
+                return got
+            _ops.set_threads(1)
+            alone = np.concatenate([swiglu(X[m:m + 1]) for m in range(len(X))])
+            for t in (1, 2):
+                _ops.set_threads(t)
+                for M in (1, 5, 16, 17, 40, 48):
+                    yg, yu = np.full((M, n), np.nan, np.float32), np.full((M, n), np.nan, np.float32)
+                    _ops.matmul_group([(Wg, dg, n, yg, bias), (Wu, du, n, yu, None)], X[:M], act)
+                    want = np.empty_like(yg)
+                    _ops.silu_mul(yg.reshape(-1), yu.reshape(-1), want.reshape(-1))
+                    got = swiglu(X[:M])
+                    what = f"{pair} {mode} n={n} M={M} {t} threads"
+                    assert_rows_equal(got, want, what)
+                    assert_rows_equal(got, alone[:M], what + ", against rows alone")
+            swapped = swiglu(X, gate=(Wu, du), up=(Wg, dg))
+            assert not np.array_equal(swapped, alone)
+
+
 # ---------------------------------------------------------------- which arithmetic each row gets
 
 @pytest.mark.parametrize("bits", [8, 16])
