@@ -255,11 +255,6 @@ static void put_outputs(const qw_product *p, int64_t m, int64_t count, int64_t g
     }
 }
 
-/* Integer path: rows n0 .. n0 + nb (whole groups of 8 but for the matrix's last rows) against
- * act rows m0 .. m1, QW_R8_MAX_M at a time, all the item's groups for one 16-row block before
- * the next block (which then comes from L2 for every group). Stored weights are repacked into
- * `pack` first, the whole item at once. Neither order nor blocking changes a result: each output
- * is one kernel call's, for the same 16-row block, whatever the order. */
 /* The repacked groups of rows n0 .. n0 + nb: in place, or repacked into pack. */
 static const uint8_t *item_groups(const plan *pl, int64_t n0, int64_t nb, int64_t K, uint8_t *pack) {
     size_t gb = qw_r8_group_bytes(pl->base, K);
@@ -272,6 +267,11 @@ static const uint8_t *item_groups(const plan *pl, int64_t n0, int64_t nb, int64_
     return pack;
 }
 
+/* Integer path: rows n0 .. n0 + nb (whole groups of 8 but for the matrix's last rows) against
+ * act rows m0 .. m1, QW_R8_MAX_M at a time, all the item's groups for one 16-row block before
+ * the next block (which then comes from L2 for every group). Stored weights are repacked into
+ * `pack` first, the whole item at once. Neither order nor blocking changes a result: each output
+ * is one kernel call's, for the same 16-row block, whatever the order. */
 static void product_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const uint8_t *xq, size_t xstride,
                          int64_t m0, int64_t m1, uint8_t *pack, uint8_t *amx) {
     const qw_product *p = pl->p;
