@@ -243,16 +243,20 @@ static void float_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const 
 /* Added where a product has no bias: + 0.0f, as on every path (it turns a -0.0 into +0.0). */
 static const float no_bias[16];
 
-/* A kernel's outputs for act rows m .. m + count - 1 (row i at res + i * ld) and weight rows
- * g0 .. g0 + rows - 1 (rows <= 16) into Y, each plus its bias. */
+/* count rows of a kernel's outputs (row i at res + i * ld, `rows` <= 16 of them) into y (row i at
+ * y + i * ldy), each plus its bias b (or no_bias). */
+static void put_rows(float *y, int64_t ldy, const float *b, int rows, const float *res, int64_t ld, int64_t count) {
+    for (int64_t i = 0; i < count; i++) {
+        float *restrict yi = y + i * ldy;
+        const float *restrict s = res + i * ld;
+        for (int r = 0; r < rows; r++) yi[r] = s[r] + b[r];
+    }
+}
+
+/* A kernel's outputs for act rows m .. m + count - 1 and weight rows g0 .. g0 + rows - 1 into Y. */
 static void put_outputs(const qw_product *p, int64_t m, int64_t count, int64_t g0, int rows, const float *res,
                         int64_t ld) {
-    const float *b = p->bias ? p->bias + g0 : no_bias;
-    for (int64_t i = 0; i < count; i++) {
-        float *restrict y = p->Y + (m + i) * p->N + g0;
-        const float *restrict s = res + i * ld;
-        for (int r = 0; r < rows; r++) y[r] = s[r] + b[r];
-    }
+    put_rows(p->Y + m * p->N + g0, p->N, p->bias ? p->bias + g0 : no_bias, rows, res, ld, count);
 }
 
 /* The repacked groups of rows n0 .. n0 + nb: in place, or repacked into pack. */
@@ -306,10 +310,10 @@ static void product_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, cons
     }
 }
 
-/* A swiglu group's item (run_group): the gate's rows n0 .. n0 + nb and the up product's same rows
- * (whole 16-row pieces: N is a multiple of 16), then silu(gate) * up into the gate's Y with
- * qw_silu_mul's arithmetic. The AMX blocks' up sums stay in the thread's work area; the plain rows
- * of a short last block go through both Ys. */
+/* A fused swiglu group's item (run_group): the gate's rows n0 .. n0 + nb and the up product's same
+ * rows (whole 16-row pieces: N is a multiple of 16), then silu(gate) * up into the gate's Y with
+ * qw_silu_mul's arithmetic. The AMX blocks' up outputs stay in the thread's work area; the plain
+ * rows of a short last block go through both Ys. */
 static void gated_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const uint8_t *xq, size_t xstride,
                        int64_t m0, int64_t m1, uint8_t *pack, uint8_t *amx) {
     const plan *up = pl->mate;
@@ -319,18 +323,16 @@ static void gated_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const 
         const size_t gb = qw_r8_group_bytes(pl->base, K), ub = qw_r8_group_bytes(up->base, K);
         const uint8_t *gg = item_groups(pl, n0, nb, K, pack), *gu = item_groups(up, n0, nb, K, pack + gb * (size_t)(nb / 8));
         const int64_t nblk = (m1 - m0) / 16;
-        float *res = (float *)(amx + QW_AMX_WORK(nblk)), *ures = res + 256 * nblk;
+        float *res = (float *)(amx + QW_AMX_WORK(nblk)), *ures = res + 256 * nblk, *uout = ures + 256 * nblk;
         const uint8_t *xa = xq + (size_t)(m0 / 16) * pl->amx_block;
         for (int64_t g0 = n0; g0 < n0 + nb; g0 += 16) {
             const uint8_t *a = gg + (size_t)((g0 - n0) / 8) * gb, *b = gu + (size_t)((g0 - n0) / 8) * ub;
             pl->amx(a, a + gb, K, xa, pl->amx_block, nblk, amx, res);
             up->amx(b, b + ub, K, xa, up->amx_block, nblk, amx, ures);
             put_outputs(p, m0, 16 * nblk, g0, 16, res, 16);
-            const float *bias = q->bias ? q->bias + g0 : no_bias;
-            for (int64_t i = 0; i < 16 * nblk; i++)
-                for (int r = 0; r < 16; r++) ures[16 * i + r] = ures[16 * i + r] + bias[r];
+            put_rows(uout, 16, q->bias ? q->bias + g0 : no_bias, 16, ures, 16, 16 * nblk);
             float *y = p->Y + m0 * N + g0;
-            qw_silu_mul_rows(y, N, ures, 16, 16 * nblk, 16, y, N);
+            qw_silu_mul_rows(y, N, uout, 16, 16 * nblk, 16, y, N);
         }
         m0 += 16 * nblk;
     }
@@ -433,8 +435,8 @@ static int group_takes_bf16(const qw_product *p, int count, int64_t K, int act) 
     return all_q6k || (size_t)(K / 32) * QW_AMX_ACT_BLOCK_BF16 / 16 * BF16_MIN_ROUND_ROWS <= qw_act_round_bytes();
 }
 
-/* swiglu: p[0] and p[1] are an MLP's gate and up products, fused (qw_matmul_swiglu checked that
- * both go on the AMX path). */
+/* swiglu: p[0] and p[1] (count 2) are an MLP's gate and up products, and silu(gate) * up goes into
+ * p[0].Y: fused where both go on the AMX path in whole 16-row pieces, else after the products. */
 static int run_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act, int swiglu) {
     plan pl[QW_GROUP_MAX];
     int64_t float_items = 0, round_items = 0, tile_rows = 0;
@@ -467,7 +469,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
             if (!xq && vertical && !(xq = quantize_vertical(X, M, K, &xstride))) return QW_ENOMEM;
             if (!xq && !(xq = quantize_rows(act, X, M, K, pairs, &xstride))) return QW_ENOMEM;
             pl[i].first = round_items;
-            if (!(swiglu && i == 1)) round_items += (p[i].N + pl[i].rows - 1) / pl[i].rows;
+            round_items += (p[i].N + pl[i].rows - 1) / pl[i].rows;
         } else {
             int64_t r = (M <= SMALL_M ? TILE_BYTES_SMALL : TILE_BYTES) / (K * (int64_t)sizeof(float));
             pl[i].rows = r < 4 ? 4 : r - r % 4;
@@ -481,15 +483,17 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     /* items: the float products' tiles (each over all M rows), then the integer products'
      * chunks round by round */
     for (int i = 0; i < count; i++) pl[i].amx_block = amx_block;
-    if (swiglu) { /* the up product's rows go with the gate's items (and their repacking) */
+    const int fused = swiglu && pl[0].amx && pl[1].amx && p[0].N == p[1].N && p[0].N % 16 == 0;
+    if (fused) { /* the up product's rows go with the gate's items (and their repacking) */
         pl[0].mate = &pl[1];
+        round_items = pl[1].first;
         count = 1;
         pack_bytes *= 2;
     }
     int64_t round_rows = xq ? act_round_rows(amx ? amx_block / 16 : pairs ? xstride / 2 : vertical ? xstride / 8 : xstride, M) : M;
     int64_t rounds = round_items ? (M + round_rows - 1) / round_rows : 0;
     /* each thread's AMX work area: two groups unpacked, then a round's outputs for them */
-    size_t amx_bytes = amx ? QW_AMX_WORK(round_rows / 16) + (size_t)(swiglu ? 2 : 1) * round_rows * 16 * sizeof(float) : 0;
+    size_t amx_bytes = amx ? QW_AMX_WORK(round_rows / 16) + (size_t)(fused ? 3 : 1) * round_rows * 16 * sizeof(float) : 0;
     int64_t items = float_items + rounds * round_items;
     int failed = 0;
 #pragma omp parallel num_threads(qw_get_threads())
@@ -524,7 +528,9 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
                 float_item(&pl[i], n0, nb, K, X, M, T);
         }
     }
-    return failed ? QW_ENOMEM : 0;
+    if (failed) return QW_ENOMEM;
+    if (swiglu && !fused) qw_silu_mul(p[0].Y, p[1].Y, M * p[0].N, p[0].Y);
+    return 0;
 }
 
 int qw_matmul(const void *W, int dtype, int64_t N, int64_t K, const float *X, int64_t M, float *Y,
@@ -541,20 +547,6 @@ int qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, i
     return 0;
 }
 
-/* Whether run_group puts both of a gate and up pair on the AMX path (the rule it applies) in
- * whole 16-row pieces: then their items can be fused. */
-static int swiglu_fuses(const qw_product p[2], int64_t M, int act) {
-    if (!act || M < 16 || p[0].N != p[1].N || p[0].N % 16 != 0 || !qw_amx_kernel(QW_Q8_0, act)) return 0;
-    for (int i = 0; i < 2; i++) {
-        int base = stored_type(p[i].dtype);
-        if (!qw_r8_kernel(base, act) || !qw_amx_kernel(base, act)) return 0;
-    }
-    return 1;
-}
-
 int qw_matmul_swiglu(const qw_product p[2], int64_t K, const float *X, int64_t M, int act) {
-    if (swiglu_fuses(p, M, act)) return run_group(p, 2, K, X, M, act, 1);
-    int rc = qw_matmul_group(p, 2, K, X, M, act);
-    if (rc == 0) qw_silu_mul(p[0].Y, p[1].Y, M * p[0].N, p[0].Y);
-    return rc;
+    return run_group(p, 2, K, X, M, act, 1);
 }

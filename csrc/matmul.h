@@ -46,8 +46,8 @@ typedef struct {
  * what qw_matmul computes. Returns 0 or QW_ENOMEM. */
 #define QW_GROUP_MAX 16
 int qw_matmul_group(const qw_product *p, int count, int64_t K, const float *X, int64_t M, int act);
-/* An MLP's gate and up products (p[0], p[1]) and silu(gate) * up into p[0].Y, as qw_matmul_group
- * and qw_silu_mul give it; p[1].Y is scratch. On the AMX path each item takes both products'
+/* An MLP's gate and up products (p[0], p[1], with the same N) and silu(gate) * up into p[0].Y, as
+ * qw_matmul_group and qw_silu_mul give it; p[1].Y is scratch. On the AMX path each item takes both products'
  * same rows and writes only the joined outputs: the up product's outputs never go to memory and
  * there is no second pass over the gate's. */
 int qw_matmul_swiglu(const qw_product p[2], int64_t K, const float *X, int64_t M, int act);

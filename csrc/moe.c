@@ -104,8 +104,7 @@ static int mlp(const qw_product *w, int64_t I, int64_t D, const float *x, int64_
     gu[0].Y = s->gate;
     gu[1].Y = s->up;
     down.Y = s->y;
-    if (qw_matmul_group(gu, 2, D, x, n, act)) return QW_ENOMEM;
-    qw_silu_mul(s->gate, s->up, n * I, s->gate);
+    if (qw_matmul_swiglu(gu, D, x, n, act)) return QW_ENOMEM;
     return qw_matmul_group(&down, 1, I, s->gate, n, act);
 }
 
