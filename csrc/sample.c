@@ -1,12 +1,74 @@
 #include "sample.h"
 
+#include "cpu.h"
+
 #include <math.h>
 #include <stdlib.h>
 
-int64_t qw_argmax(const float *x, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
+#if QW_HAVE_X86
+#include <immintrin.h>
+#endif
+
+/* The scan `if (x[i] > x[best]) best = i` over [a, b), started at the first value that is not
+ * NaN: the first index of the largest value that is not NaN, or -1 where all are NaN. */
+static int64_t first_max_plain(const float *x, int64_t a, int64_t b) {
+    while (a < b && x[a] != x[a]) a++;
+    if (a == b) return -1;
+    int64_t best = a;
+    for (int64_t i = a + 1; i < b; i++)
         if (x[i] > x[best]) best = i;
+    return best;
+}
+
+#if QW_HAVE_X86
+/* The same in two passes: the largest value that is not NaN (vmaxps returns its second operand
+ * when the first is NaN), then the first place it lies (-0 and +0 compare equal, as in the scan). */
+QW_TARGET_AVX2 static int64_t first_max_avx2(const float *x, int64_t a, int64_t b) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int64_t i = a;
+    for (; i + 8 <= b; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+    float lane[8], mx;
+    _mm256_storeu_ps(lane, m);
+    mx = lane[0];
+    for (int k = 1; k < 8; k++) mx = lane[k] > mx ? lane[k] : mx;
+    for (; i < b; i++) mx = x[i] > mx ? x[i] : mx;
+    const __m256 want = _mm256_set1_ps(mx);
+    for (i = a; i + 8 <= b; i += 8) {
+        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), want, _CMP_EQ_OQ));
+        if (hit) return i + __builtin_ctz((unsigned)hit);
+    }
+    for (; i < b; i++)
+        if (x[i] == mx) return i;
+    return -1;
+}
+#endif
+
+static int64_t first_max(const float *x, int64_t a, int64_t b) {
+#if QW_HAVE_X86
+    if (qw_use_avx2()) return first_max_avx2(x, a, b);
+#endif
+    return first_max_plain(x, a, b);
+}
+
+/* Rows from this long are split between the threads in contiguous shares: a vocabulary's logits
+ * were just written by the output head's threads, each share mostly into the cache of the core
+ * that reads it here; one thread reading them all took 0.2 ms of a 17 ms decode step (151,936
+ * logits). */
+#define ARGMAX_SPLIT 32768
+#define ARGMAX_MAX_THREADS 64
+
+int64_t qw_argmax(const float *x, int64_t n) {
+    if (x[0] != x[0]) return 0; /* the scan never leaves a NaN it starts from */
+    int threads = qw_get_threads();
+    threads = threads > ARGMAX_MAX_THREADS ? ARGMAX_MAX_THREADS : threads;
+    if (n < ARGMAX_SPLIT || threads < 2) return first_max(x, 0, n);
+    int64_t found[ARGMAX_MAX_THREADS];
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; t++) found[t] = first_max(x, n * t / threads, n * (t + 1) / threads);
+    /* the shares' winners in order, a later one only when strictly larger: the whole scan's */
+    int64_t best = found[0];
+    for (int t = 1; t < threads; t++)
+        if (found[t] >= 0 && x[found[t]] > x[best]) best = found[t];
     return best;
 }
 

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from . import _ops
 from .formats.tensors import row_bytes
 
 
@@ -34,7 +35,6 @@ def measure_bandwidth(mb: int = 1024, repeats: int = 5) -> float:
     what a decode step could at best read its weights at. A plain sum of 64-bit words, not a
     model kernel: a kernel as the probe would be bound by its own arithmetic, and faster kernels
     would show above 100% of it."""
-    from . import _ops
     words = np.ones(mb * (1 << 20) // 8, np.uint64)
     times = []
     if _ops.read_sum(words) != words.size:
@@ -56,7 +56,6 @@ def measure_dot_peak(seconds: float = 0.2, repeats: int = 5, words: bool = False
     With `words`, the same for AVX2's vpmaddwd with the add that accumulates it, in G 16-bit
     multiply-adds per second: the instruction of the AVX2 int16 products of 4 or more act rows
     (`_ops.dot_peak_words`; a ValueError on the plain path)."""
-    from . import _ops
     probe = _ops.dot_peak_words if words else _ops.dot_peak
     rounds = 1 << 12
     while True:  # grow the run until it takes a measurable time
@@ -77,7 +76,6 @@ def measure_dot_peak(seconds: float = 0.2, repeats: int = 5, words: bool = False
 
 def dot_instruction() -> str:
     """The multiply-add instruction measure_dot_peak times on the current path, in words."""
-    from . import _ops
     return {"plain": "plain C byte products", "avx2": "AVX2 vpmaddubsw (with its adds)",
             "avx512": "256-bit vpdpbusd", "avx512w": "512-bit vpdpbusd",
             "amx": "512-bit vpdpbusd (the AMX tiles are not probed)",
@@ -102,7 +100,6 @@ def int_products_per_token(model, logits_rows: float = 1.0) -> float:
 
 def kernel_path() -> str:
     """The SIMD path the kernels take on this CPU, in words."""
-    from . import _ops
     return {"plain": "plain C", "avx2": "AVX2+FMA+F16C",
             "avx512": "AVX2+FMA+F16C, AVX-512 VNNI integer products and AVX-512 attention",
             "avx512w": "AVX2+FMA+F16C, AVX-512 VNNI integer products (512-bit for several act rows) and "
@@ -131,9 +128,9 @@ def bench_model(model, prompt_tokens: int = 128, gen_tokens: int = 64, repeats: 
         t0 = time.perf_counter()
         logits = model.forward(seq, ids)
         t1 = time.perf_counter()
-        token = int(np.argmax(logits))
+        token = int(_ops.argmax(logits))
         for _ in range(gen_tokens):
-            token = int(np.argmax(model.forward(seq, [token])))
+            token = int(_ops.argmax(model.forward(seq, [token])))
         t2 = time.perf_counter()
         prefill.append(prompt_tokens / (t1 - t0))
         decode.append(gen_tokens / (t2 - t1))
@@ -153,10 +150,10 @@ def _timed_prefill(model, ids) -> float:
 def _timed_decode(model, prompt, n) -> float:
     """tok/s of n greedy decode steps after `prompt` (prefilled untimed)."""
     seq = model.new_sequence(len(prompt) + n + 1)
-    token = int(np.argmax(model.forward(seq, prompt)))
+    token = int(_ops.argmax(model.forward(seq, prompt)))
     t0 = time.perf_counter()
     for _ in range(n):
-        token = int(np.argmax(model.forward(seq, [token])))
+        token = int(_ops.argmax(model.forward(seq, [token])))
     return n / (time.perf_counter() - t0)
 
 
@@ -169,7 +166,7 @@ def batched_greedy(model, prompts, n):
     tr = model.transformer
     seqs = Sequence.shared(model.config, [len(p) + n + 1 for p in prompts], tr.kv_dtype)
     logits = tr.forward_step([StepItem(s, list(p)) for s, p in zip(seqs, prompts)])
-    tokens = [int(np.argmax(r)) for r in logits]
+    tokens = [int(_ops.argmax(r)) for r in logits]
     out = [[] for _ in prompts]
     seconds = 0.0
     for _ in range(n):
@@ -177,7 +174,7 @@ def batched_greedy(model, prompts, n):
         t0 = time.perf_counter()
         logits = tr.forward_step(items)
         seconds += time.perf_counter() - t0
-        tokens = [int(np.argmax(r)) for r in logits]
+        tokens = [int(_ops.argmax(r)) for r in logits]
         for o, t in zip(out, tokens):
             o.append(t)
     return seconds, out

@@ -166,6 +166,61 @@ def test_argmax_and_greedy(n, seed):
     assert _ops.sample(x.copy(), 1.0, 1, 1.0, 0.0, 0.999, idx, val) == first
 
 
+def _scan_argmax(x):
+    """qw_argmax's definition: `if x[i] > x[best]: best = i` from best = 0 (a NaN never wins,
+    unless it is x[0])."""
+    if np.isnan(x[0]):
+        return 0
+    return int(np.flatnonzero(x == np.nanmax(x))[0])
+
+
+def test_scan_argmax_reference_is_the_scan():
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 9, 40):
+        for _ in range(50):
+            x = rng.choice(np.array([-np.inf, -1.0, -0.0, 0.0, 1.0, 2.0, np.nan], np.float32), n)
+            best = 0
+            for i in range(1, n):
+                if x[i] > x[best]:
+                    best = i
+            assert _scan_argmax(x) == best, x
+
+
+@pytest.mark.parametrize("n", [32767, 32768, 32769, 65537, 151936])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_argmax_long_rows_split_between_threads(path, n, threads):
+    """Long rows are split between the threads: the same index as the scan over the whole row,
+    ties across the shares' seams (the first wins), NaNs at their starts, whatever the count."""
+    rng = np.random.default_rng(n + threads)
+    prev = _ops.get_threads()
+    _ops.set_threads(threads)
+    try:
+        seams = sorted({n * t // k for k in (2, 3) for t in range(1, k)})
+        cases = []
+        x = rng.standard_normal(n).astype(np.float32)
+        cases.append(x.copy())
+        x[[n - 1] + seams] = 9.0  # ties in every share: the first one wins
+        cases.append(x.copy())
+        x[seams] = np.nan  # a NaN where a share starts: its share's winner comes after it
+        cases.append(x.copy())
+        y = np.full(n, np.nan, np.float32)
+        y[[0, n - 1]] = -np.inf, 3.0  # all NaN but two
+        cases.append(y)
+        z = np.full(n, -np.inf, np.float32)
+        cases.append(z)
+        w = np.full(n, -1.0, np.float32)
+        w[n // 2] = -0.0
+        w[n - 2] = 0.0  # -0 == +0: the first of them
+        cases.append(w)
+        v = rng.standard_normal(n).astype(np.float32)
+        v[0] = np.nan  # the scan never leaves x[0]
+        cases.append(v)
+        for c in cases:
+            assert _ops.argmax(c) == _scan_argmax(c)
+    finally:
+        _ops.set_threads(prev)
+
+
 def test_sample_rejects_empty_and_short_scratch():
     with pytest.raises(ValueError):
         _ops.sample(np.zeros(0, np.float32), 1.0, 0, 1.0, 0.0, 0.5, np.empty(0, np.int32), np.empty(0, np.float32))
