@@ -25,6 +25,11 @@ void qw_dequant_q6_k_avx2(const void *src, float *dst, int64_t n);
  * continued over the first K & ~7 values of x, the weights widened in registers: acc[r] for row r. */
 void qw_fdot_rows_avx2(int dtype, const uint8_t *w, size_t stride, int rows, const float *x, int64_t K,
                        qw_fdot_acc *acc);
+/* The same chains for the first `rows` rows of a repacked BF16 group (intdot.c; K a multiple of
+ * 8), each half's 4 rows read from its one stream: the same bits as on the stored rows. */
+void qw_fdot_group_bf16_avx2(const uint8_t *group, int rows, const float *x, int64_t K, qw_fdot_acc *acc);
+/* The first `rows` (<= 4) rows of a repacked BF16 group's half widened into dst (K floats a row). */
+void qw_dequant_bf16_half_avx2(const uint16_t *half, int rows, int64_t K, float *dst);
 
 /* The integer product of one repacked 8-row group with M act rows (quant.h's order):
  * out[m * 8 + r] for row r of the group and act row m (at xq + m * xstride), M <= QW_R8_MAX_M. */

@@ -230,10 +230,33 @@ static void float_item_small(const plan *pl, int64_t n0, int64_t nb, int64_t K, 
     }
 }
 
+#if QW_HAVE_X86
+/* Float path at small M on a repacked BF16 matrix (AVX2): whole groups from n0 (a multiple of 8),
+ * each act row's chains through them (qw_fdot_group_bf16_avx2), as float_item_small runs them on
+ * stored rows. */
+static void float_item_groups(const plan *pl, int64_t n0, int64_t nb, int64_t K, const float *X, int64_t M) {
+    const qw_product *p = pl->p;
+    size_t gb = qw_r8_group_bytes(QW_BF16, K);
+    qw_fdot_acc acc[8];
+    for (int64_t g0 = n0; g0 < n0 + nb; g0 += 8) {
+        int rows = n0 + nb - g0 < 8 ? (int)(n0 + nb - g0) : 8;
+        const uint8_t *g = (const uint8_t *)p->W + (size_t)(g0 / 8) * gb;
+        for (int64_t m = 0; m < M; m++) {
+            for (int j = 0; j < rows; j++) qw_fdot_start(&acc[j]);
+            qw_fdot_group_bf16_avx2(g, rows, X + m * K, K, acc);
+            for (int j = 0; j < rows; j++) {
+                float v = qw_fdot_finish(&acc[j], X + m * K + K, X + m * K + K, 0);
+                p->Y[m * p->N + g0 + j] = p->bias ? v + p->bias[g0 + j] : v;
+            }
+        }
+    }
+}
+#endif
+
 /* Float path: nb rows from n0 widened into T, then each output one fdot.h dot product. */
 static void float_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const float *X, int64_t M, float *T) {
     const qw_product *p = pl->p;
-    for (int64_t j = 0; j < nb; j++) qw_dequant_matrix_row(p->dtype, p->W, K, n0 + j, T + j * K);
+    qw_dequant_matrix_rows(p->dtype, p->W, K, n0, nb, T);
     qw_fdot_tile(T, nb, K, X, M, p->Y + n0, p->N);
     if (p->bias)
         for (int64_t m = 0; m < M; m++)
@@ -473,6 +496,8 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
         } else {
             int64_t r = (M <= SMALL_M ? TILE_BYTES_SMALL : TILE_BYTES) / (K * (int64_t)sizeof(float));
             pl[i].rows = r < 4 ? 4 : r - r % 4;
+            if (pl[i].repacked && pl[i].base == QW_BF16) /* whole groups (float_item_groups) */
+                pl[i].rows = pl[i].rows < 8 ? 8 : pl[i].rows - pl[i].rows % 8;
             /* the small-M path needs 4 rows of PIECE values; the tiles their rows of K */
             int64_t need = M <= SMALL_M && !pl[i].repacked ? (4 * PIECE + K - 1) / K : pl[i].rows;
             tile_rows = need > tile_rows ? need : tile_rows;
@@ -524,6 +549,10 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
                 int_item(&pl[i], n0, nb, K, xq, xstride, m0, M - m0 < round_rows ? M : m0 + round_rows, pack, amxw);
             } else if (M <= SMALL_M && !pl[i].repacked)
                 float_item_small(&pl[i], n0, nb, K, X, M, T);
+#if QW_HAVE_X86
+            else if (M <= SMALL_M && pl[i].base == QW_BF16 && qw_use_avx2())
+                float_item_groups(&pl[i], n0, nb, K, X, M);
+#endif
             else
                 float_item(&pl[i], n0, nb, K, X, M, T);
         }

@@ -138,6 +138,10 @@ int qw_embed(const void *E, int dtype, int64_t D, const int32_t *ids, int64_t T,
      * zero embeddings would run through the model as if they were real. */
     int bs = qw_block_size(dtype);
     if (bs == 0 || D % bs != 0) return -1;
+    if (dtype >= QW_R8) { /* a tied head's repacked copy, the only one kept in memory */
+        for (int64_t t = 0; t < T; t++) qw_dequant_matrix_row(dtype, E, D, ids[t], out + t * D);
+        return 0;
+    }
     size_t stride = qw_row_bytes(dtype, D);
     for (int64_t t = 0; t < T; t++)
         qw_dequant_row(dtype, (const uint8_t *)E + (size_t)ids[t] * stride, out + t * D, D);

@@ -79,7 +79,8 @@ uint16_t qw_f32_to_f16(float f) {
 static int r8_base(int dtype) { return dtype > QW_R8 && qw_r8_of(dtype - QW_R8) ? dtype - QW_R8 : -1; }
 
 int qw_block_size(int dtype) {
-    if (dtype >= QW_R8) return r8_base(dtype) >= 0 ? qw_block_size(r8_base(dtype)) : 0;
+    if (dtype >= QW_R8) /* BF16's records are 8 values of a row */
+        return r8_base(dtype) == QW_BF16 ? 8 : r8_base(dtype) >= 0 ? qw_block_size(r8_base(dtype)) : 0;
     switch (dtype) {
     case QW_F32: case QW_F16: case QW_BF16: return 1;
     case QW_Q4_0: case QW_Q4_1: case QW_Q5_0: case QW_Q5_1: case QW_Q8_0: return 32;
@@ -91,7 +92,7 @@ int qw_block_size(int dtype) {
 int qw_block_bytes(int dtype) {
     if (dtype >= QW_R8) {
         int base = r8_base(dtype);
-        return base < 0 ? 0 : base == QW_Q4_K ? 148 : base == QW_Q5_K ? 180 : qw_block_bytes(base);
+        return base < 0 ? 0 : base == QW_Q4_K ? 148 : base == QW_Q5_K ? 180 : base == QW_BF16 ? 16 : qw_block_bytes(base);
     }
     switch (dtype) {
     case QW_F32: return 4;

@@ -130,7 +130,8 @@ float qw_dot_row_act(int dtype, const void *row, const void *xq, int64_t n, int 
  * row count rounded up to 8 (padding rows are zeros). Layouts: intdot.c. */
 #define QW_R8 256
 
-/* QW_R8 + dtype for a type with a repacked layout (those with an integer dot), else 0. */
+/* QW_R8 + dtype for a type with a repacked layout (those with an integer dot, and BF16, whose
+ * layout serves the float row kernel; K a multiple of 8 for it), else 0. */
 int qw_r8_of(int dtype);
 /* Bytes of an N x K matrix of type `dtype` (a stored type or a repacked one). */
 size_t qw_matrix_bytes(int dtype, int64_t N, int64_t K);
@@ -140,6 +141,9 @@ void qw_repack_r8(int dtype, const void *src, int64_t N, int64_t K, void *dst);
 /* Row n of a matrix of any supported type (stored or repacked) widened to float32, bit for bit
  * what qw_dequant_row gives for the stored row. */
 void qw_dequant_matrix_row(int dtype, const void *W, int64_t K, int64_t n, float *dst);
+/* Rows n0 .. n0 + nb - 1 of it so, into dst (K floats a row): a repacked BF16 matrix's whole
+ * groups read in their layout's order. */
+void qw_dequant_matrix_rows(int dtype, const void *W, int64_t K, int64_t n0, int64_t nb, float *dst);
 
 /* Scalar conversions, exact (round-to-nearest-even on the way down). */
 float qw_f16_to_f32(uint16_t h);

@@ -479,6 +479,29 @@ FROWS_FLOAT(QW_F32, f32)
 FROWS_FLOAT(QW_F16, f16)
 FROWS_FLOAT(QW_BF16, bf16)
 
+QW_TARGET_AVX2 void qw_dequant_bf16_half_avx2(const uint16_t *half, int rows, int64_t K, float *dst) {
+    for (int64_t k = 0; k < K; k += 8)
+        for (int r = 0; r < rows; r++) _mm256_storeu_ps(dst + r * K + k, load_bf16x8(half + 4 * k + 8 * r));
+}
+
+QW_TARGET_AVX2 void qw_fdot_group_bf16_avx2(const uint8_t *group, int rows, const float *x, int64_t K,
+                                            qw_fdot_acc *acc) {
+    for (int h = 0; 4 * h < rows; h++) {
+        const uint16_t *w = (const uint16_t *)group + (size_t)h * 4 * (size_t)K;
+        int n = rows - 4 * h < 4 ? rows - 4 * h : 4; /* the rest of the half are padding rows */
+        __m256 a[4];
+        for (int r = 0; r < 4; r++) a[r] = r < n ? _mm256_loadu_ps(acc[4 * h + r].lane) : _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k += 8) {
+            const uint16_t *line = w + 4 * k; /* values k .. k + 7 of the 4 rows: one cache line */
+            _mm_prefetch((const char *)line + QW_PREFETCH_AHEAD, _MM_HINT_T0);
+            _mm_prefetch((const char *)line + QW_PREFETCH_FAR, _MM_HINT_T1);
+            __m256 xv = _mm256_loadu_ps(x + k);
+            for (int r = 0; r < 4; r++) a[r] = _mm256_fmadd_ps(load_bf16x8(line + 8 * r), xv, a[r]);
+        }
+        for (int r = 0; r < n; r++) _mm256_storeu_ps(acc[4 * h + r].lane, a[r]);
+    }
+}
+
 void qw_fdot_rows_avx2(int dtype, const uint8_t *w, size_t stride, int rows, const float *x, int64_t K, qw_fdot_acc *acc) {
     typedef void (*fn)(const uint8_t *, size_t, const float *, int64_t, qw_fdot_acc *);
     fn f4, f1;

@@ -212,9 +212,15 @@ def _check_act(int act):
 
 
 def r8_of(int dtype):
-    """The type code of `dtype`'s row-interleaved layout for the integer path (quant.h), or 0
-    when the type has none."""
+    """The type code of `dtype`'s row-interleaved layout (quant.h: the integer path's, and BF16's
+    for the float row kernel), or 0 when the type has none."""
     return qw_r8_of(dtype)
+
+
+def repacks(int dtype, int64_t K):
+    """Whether rows of K values of stored type `dtype` have a repacked layout (r8_of)."""
+    cdef int r8 = qw_r8_of(dtype)
+    return r8 != 0 and K > 0 and K % qw_block_size(dtype) == 0 and K % qw_block_size(r8) == 0
 
 
 def matrix_bytes(int dtype, int64_t N, int64_t K):
@@ -231,7 +237,7 @@ def repack(const uint8_t[::1] W, int dtype, int64_t N, int64_t K, out=None):
     cdef int r8 = qw_r8_of(dtype)
     if not r8:
         raise ValueError(f"type {dtype} has no repacked layout")
-    if K <= 0 or N < 0 or K % qw_block_size(dtype):
+    if K <= 0 or N < 0 or K % qw_block_size(dtype) or K % qw_block_size(r8):
         raise ValueError(f"bad shape [{N}, {K}] for type {dtype}")
     if <size_t>W.shape[0] < qw_matrix_bytes(dtype, N, K):
         raise ValueError("weight buffer too small for its shape")

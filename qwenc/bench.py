@@ -91,7 +91,7 @@ def int_products_per_token(model, logits_rows: float = 1.0) -> float:
     w = model.weights
     total = 0.0
     for lin, share in w.linears_per_token():
-        if lin.packed is None:
+        if not lin.integer:
             continue
         n = lin.weight.shape[0] * lin.weight.shape[1] * share
         total += n * (logits_rows if lin is w.head else 1.0)

@@ -298,3 +298,36 @@ def test_refused_moe_configs(changes, message):
     cfg.update(changes)
     with pytest.raises(qwenc.ConfigError, match=message):
         config_from_dict({k: v for k, v in cfg.items() if v is not None})
+
+
+def test_bf16_weights_take_their_repacked_layout_with_the_same_logits(tmp_path, monkeypatch):
+    """BF16 matrices are repacked for the float row kernel in every mode, and give the logits the
+    stored layout gives, bit for bit, prefill and decode. A file's matrices stay mapped beside the
+    copy; a tied table converted in memory is kept once, repacked, and the lookup reads it."""
+    from qwenc import _ops
+    path, _ = make_model(tmp_path / "tied", arch="qwen2", dtype="f32", tie_word_embeddings=True)
+    ids = [1, 5, 9, 200, 3, 77]
+
+    def run(model):
+        seq = model.new_sequence(16)
+        rows = model.forward(seq, ids, all_positions=True)
+        return np.concatenate([rows, model.forward(seq, [11])[None], model.forward(seq, [12])[None]])
+
+    tied = qwenc.load(path, dtype="bf16")
+    w = tied.weights
+    assert w.head.packed is not None and w.head.packed.dtype == _ops.r8_of(BF16)
+    assert w.embed is w.head.packed and w.lm_head is w.embed  # one copy of the table
+    assert w.layers[0].q.weight is w.layers[0].q.packed  # the converted original is dropped
+    got = run(tied)
+    monkeypatch.setattr(_ops, "repacks", lambda dtype, K: False)
+    stored = qwenc.load(path, dtype="bf16")
+    assert stored.weights.head.packed is None and stored.weights.embed.dtype == BF16
+    assert np.array_equal(got.view(np.uint32), run(stored).view(np.uint32))
+
+
+def test_mapped_bf16_keeps_its_file_beside_the_copy(bf16_model):
+    from qwenc import _ops
+    model = qwenc.load(bf16_model[0])
+    lin = model.weights.layers[0].q
+    assert lin.weight.dtype == BF16 and lin.packed.dtype == _ops.r8_of(BF16)
+    assert not lin.weight.data.flags.writeable  # still the file's bytes

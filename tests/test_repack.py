@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from qwenc import _ops, _quant
+from qwenc.formats.tensors import BF16, F32
 from test_quant import (BLOCK_TYPES, CODE, GT, act_inputs, assert_int_dot_close, random_blocks,  # noqa: F401
                         ref_dequantize, row_values, synthetic, weight_mins)
 
@@ -206,3 +207,87 @@ def test_simd_paths_give_the_same_bits(name, bits):
                 assert bits_equal(outs[p], outs[paths[0]]), (name, bits, M, p)
     finally:
         _ops.set_simd_path(prev)
+
+
+# ---------------------------------------------------------------- BF16's layout, for the float row kernel
+
+def _bf16_codes(N, K, seed, specials=True):
+    """N x K bf16 codes of random floats; with `specials`, zeros of both signs, infinities, a
+    NaN and subnormals among them."""
+    rng = np.random.default_rng(seed)
+    codes = ((rng.standard_normal((N, K)) * 3).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    if specials:
+        flat = codes.reshape(-1)
+        some = np.array([0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC1, 0x0001, 0x8003], np.uint16)
+        at = rng.choice(flat.size, min(flat.size, some.size), replace=False)
+        flat[at] = some[:at.size]
+    return codes
+
+
+@pytest.mark.parametrize("N", [1, 3, 4, 8, 13, 29])
+def test_bf16_repacked_values_are_the_stored_values(N):
+    """Every row of the repacked BF16 matrix widens to the stored row's floats, bit for bit (a
+    bf16 is a float32's high half), through the row reader and the embedding lookup alike; the
+    last group's missing rows are padding."""
+    for K in (8, 24, 200, 896):
+        codes = _bf16_codes(N, K, N + K)
+        packed, r8 = _ops.repack(codes.reshape(-1).view(np.uint8), BF16, N, K)
+        assert r8 == _ops.r8_of(BF16) == 256 + BF16
+        assert packed.size == -(-N // 8) * 8 * K * 2
+        want = (codes.astype(np.uint32) << 16).view(np.float32)
+        assert bits_equal(_quant.dequantize(packed, r8, N, K), want), (N, K)
+        ids = np.array([0, N - 1, N // 2, 0], np.int32)  # a tied table's lookup reads the copy
+        out = np.zeros((4, K), np.float32)
+        _ops.embed(packed, r8, N, K, ids, out)
+        assert bits_equal(out, want[ids]), (N, K)
+
+
+def test_bf16_products_on_repacked_weights_equal_stored(simd):
+    """qw_matmul on the repacked BF16 matrix == on the stored one, bit for bit: 1 and 2 act rows
+    (the group row kernel), 3 to 40 (the widened tiles), each row alone the same as in the
+    batch, 1 to 3 threads, with and without a bias, row counts with partial groups and halves."""
+    prev = _ops.get_threads()
+    try:
+        for N, K in ((1, 8), (5, 64), (13, 200), (21, 896), (64, 8), (131, 1536)):
+            data = _bf16_codes(N, K, N * K, specials=False).reshape(-1).view(np.uint8)
+            packed, r8 = _ops.repack(data, BF16, N, K)
+            rng = np.random.default_rng(N + K)
+            bias = rng.standard_normal(N).astype(np.float32)
+            for M in (1, 2, 3, 17, 40):
+                x = rng.standard_normal((M, K)).astype(np.float32)
+                for threads in (1, 2, 3):
+                    _ops.set_threads(threads)
+                    for b in (None, bias):
+                        a = np.full((M, N), np.nan, np.float32)
+                        c = np.full((M, N), np.nan, np.float32)
+                        _ops.matmul(data, BF16, N, K, x, a, b)
+                        _ops.matmul(packed, r8, N, K, x, c, b)
+                        assert bits_equal(a, c), (N, K, M, threads)
+                        for m in (0, M - 1):
+                            one = np.full((1, N), np.nan, np.float32)
+                            _ops.matmul(packed, r8, N, K, np.ascontiguousarray(x[m:m + 1]), one, b)
+                            assert bits_equal(one[0], c[m]), (N, K, M, m, threads)
+    finally:
+        _ops.set_threads(prev)
+
+
+def test_bf16_falsifier_a_moved_value_is_caught():
+    """The product test above can fail: one value moved to its neighbour's place in the layout
+    changes the products."""
+    N, K = 13, 64
+    data = _bf16_codes(N, K, 3, specials=False).reshape(-1).view(np.uint8)
+    packed, r8 = _ops.repack(data, BF16, N, K)
+    wrong = packed.copy().view(np.uint16)
+    wrong[[0, 1]] = wrong[[1, 0]]
+    x = np.random.default_rng(1).standard_normal((1, K)).astype(np.float32)
+    a, c = np.zeros((1, N), np.float32), np.zeros((1, N), np.float32)
+    _ops.matmul(data, BF16, N, K, x, a)
+    _ops.matmul(wrong.view(np.uint8), r8, N, K, x, c)
+    assert not bits_equal(a, c)
+
+
+def test_bf16_rows_not_a_multiple_of_8_keep_the_stored_layout():
+    assert _ops.repacks(BF16, 896) and _ops.repacks(BF16, 8)
+    assert not _ops.repacks(BF16, 12) and not _ops.repacks(F32, 896)
+    with pytest.raises(ValueError):
+        _ops.repack(np.zeros(4 * 12 * 2, np.uint8), BF16, 4, 12)

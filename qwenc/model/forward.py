@@ -227,8 +227,9 @@ class Transformer:
         # all their layers in one C call (_ops.forward_layers): the same kernels in the same
         # order as _block, without returning to Python between them. False runs _block's path.
         self.fused = True
-        # the integer modes run on row-interleaved copies of the quantized weights
-        integer = bool(self._act) and weights.repack()
+        # the integer modes run on row-interleaved copies of the quantized weights; BF16 weights
+        # take theirs in every mode (the float row kernel reads each 4 rows as one stream)
+        integer = weights.repack(integer=bool(self._act)) and bool(self._act)
         self.bind_experts()
         # "auto": where the products already round activations (an integer mode on quantized
         # weights), keys and values are kept in 16 bits as well, halving what a long context

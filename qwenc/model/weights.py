@@ -4,7 +4,9 @@
 checking every shape, and optionally re-encodes the matrices (`dtype=` at load). For the integer
 activation modes, `Weights.repack()` adds to each block-quantized matrix its row-interleaved copy
 (csrc/intdot.c: the same values, laid out so one unpacked block serves 8 rows and every
-activation row of a product) and lets the mapped file's pages of the original go.
+activation row of a product) and lets the mapped file's pages of the original go. BF16 matrices
+take theirs in every mode (4 rows interleaved 8 values at a time, so that the float row kernel
+reads them as one stream).
 """
 import mmap
 from dataclasses import dataclass
@@ -25,8 +27,8 @@ def _type_name(dtype: int) -> str:
 @dataclass
 class Linear:
     """y = x @ W.T (+ b): W stays in its stored type; b (if any) is float32. `packed`, when set,
-    is W repacked for the integer path (same values, so every product gives the same bits on
-    it): the products use it."""
+    is W repacked (for the integer path, or BF16's for the float row kernel; the same values, so
+    every product gives the same bits on it): the products use it."""
     weight: Tensor
     bias: np.ndarray = None
     packed: Tensor = None
@@ -48,24 +50,35 @@ class Linear:
         w = self._matrix()
         return (w.data, w.dtype, w.shape[0], out, self.bias)
 
-    def repack_bytes(self) -> int:
+    @property
+    def integer(self) -> bool:
+        """Whether the integer modes' products on W take the integer path: W repacked into an
+        integer layout (a BF16 copy stays on the float path)."""
+        return self.packed is not None and self.packed.dtype != _ops.r8_of(BF16)
+
+    def repacks(self, integer: bool = True) -> bool:
+        """Whether repack() would repack W: a block-quantized W (for the integer path), or a BF16
+        one (for the float row kernel, in every mode)."""
+        w = self.weight
+        return (self.packed is None and _ops.repacks(w.dtype, w.shape[1])
+                and (integer or w.dtype == BF16))
+
+    def repack_bytes(self, integer: bool = True) -> int:
         """Bytes repack() would allocate (0: nothing to repack)."""
         w = self.weight
-        if self.packed is not None or not _ops.r8_of(w.dtype):
-            return 0
-        return _ops.matrix_bytes(_ops.r8_of(w.dtype), *w.shape)
+        return _ops.matrix_bytes(_ops.r8_of(w.dtype), *w.shape) if self.repacks(integer) else 0
 
-    def repack(self, tied: bool = False, arena=None) -> bool:
-        """Add the row-interleaved copy of a block-quantized W (once); False for other types.
-        `tied`: W is also the embedding table, whose rows the lookup reads as stored. `arena`:
-        an Arena to take the copy's memory from (else its own array)."""
-        w = self.weight
-        if self.packed is None and _ops.r8_of(w.dtype):
+    def repack(self, tied: bool = False, arena=None, integer: bool = True) -> bool:
+        """Add the row-interleaved copy of W (once) where it has one (repacks()); True when W is
+        repacked. `tied`: W is also the embedding table, whose rows the lookup reads. `arena`: an
+        Arena to take the copy's memory from (else its own array). An in-memory original (re-encoded
+        at load) is dropped: keeping both would hold the weights twice, and the copy has the same
+        values in every mode (a tied table's lookup then reads the copy: Weights.repack)."""
+        if self.repacks(integer):
+            w = self.weight
             data, code, mapped = _repack_in_pieces(w, arena)
             self.packed = Tensor(w.name, code, w.shape, data, w.source)
-            if not mapped and not tied:
-                # an in-memory original (re-encoded at load): keeping both would hold the weights
-                # twice; the repacked copy has the same values in every mode
+            if not mapped:
                 self.weight = self.packed
         return self.packed is not None
 
@@ -197,15 +210,24 @@ class Weights:
         for lin in self.linears():
             yield lin, share if id(lin) in experts else 1.0
 
-    def repack(self) -> bool:
-        """Repack every block-quantized matrix for the integer path (see the module doc). Each
-        Linear keeps its original Tensor too (a tied head's is the embedding, whose rows the
-        lookup reads). True when any matrix is block-quantized (the integer path is used)."""
-        packed = False
-        arena = Arena(sum(-(-lin.repack_bytes() // 64) * 64 for lin in self.linears()))
+    def repack(self, integer: bool = True) -> bool:
+        """Repack the matrices that have a row-interleaved layout (see the module doc): with
+        `integer`, every block-quantized one for the integer path; BF16 ones always, for the
+        float row kernel. A Linear keeps its original Tensor where it is a file mapping (a tied
+        head's is the embedding, whose rows the lookup reads from the file); an in-memory tied
+        table is kept once, repacked, and the lookup reads that. True when any block-quantized
+        matrix was repacked (the integer path is used)."""
+        integer_packed = False
+        arena = Arena(sum(-(-lin.repack_bytes(integer) // 64) * 64 for lin in self.linears()))
+        tied = self.lm_head is self.embed
         for lin in self.linears():
-            packed |= lin.repack(tied=lin is self.head and self.lm_head is self.embed, arena=arena)
-        return packed
+            lin.repack(tied=lin is self.head and tied, arena=arena, integer=integer)
+            integer_packed |= lin.integer
+        if self.head.weight is self.head.packed:  # its in-memory original dropped: no reference kept
+            self.lm_head = self.head.packed
+            if tied:
+                self.embed = self.lm_head
+        return integer_packed
 
     def embed_lookup_only(self) -> bool:
         """Whether only the token lookup reads the embedding table: not when a tied head
