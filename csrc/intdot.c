@@ -299,13 +299,7 @@ void qw_dequant_matrix_row(int dtype, const void *W, int64_t K, int64_t n, float
     }
     if (dtype == QW_R8 + QW_BF16 && K % 8 == 0) {
         const uint16_t *g = (const uint16_t *)((const uint8_t *)W + (size_t)(n / 8) * qw_r8_group_bytes(QW_BF16, K));
-        for (int64_t k = 0; k < K; k += 8) {
-            const uint16_t *v = g + bf16_at(K, (int)(n % 8), k);
-            for (int j = 0; j < 8; j++) { /* a bf16 is a float32's high half: exact */
-                uint32_t bits = (uint32_t)v[j] << 16;
-                memcpy(dst + k + j, &bits, sizeof bits);
-            }
-        }
+        for (int64_t k = 0; k < K; k += 8) qw_dequant_row(QW_BF16, g + bf16_at(K, (int)(n % 8), k), dst + k, 8);
         return;
     }
     const layout *t = layout_of(dtype - QW_R8);
@@ -322,27 +316,17 @@ void qw_dequant_matrix_row(int dtype, const void *W, int64_t K, int64_t n, float
 }
 
 void qw_dequant_matrix_rows(int dtype, const void *W, int64_t K, int64_t n0, int64_t nb, float *dst) {
-    if (dtype == QW_R8 + QW_BF16 && K % 8 == 0 && n0 % 8 == 0) { /* each half's lines once, in order */
+#if QW_HAVE_X86
+    if (dtype == QW_R8 + QW_BF16 && K % 8 == 0 && n0 % 8 == 0 && qw_use_avx2()) { /* each half's lines once, in order */
         size_t gb = qw_r8_group_bytes(QW_BF16, K);
         for (int64_t j0 = 0; j0 < nb; j0 += 4) {
             const uint16_t *half = (const uint16_t *)((const uint8_t *)W + (size_t)((n0 + j0) / 8) * gb) +
                                    (size_t)((n0 + j0) % 8 / 4) * 4 * (size_t)K;
-            int rows = nb - j0 < 4 ? (int)(nb - j0) : 4;
-#if QW_HAVE_X86
-            if (qw_use_avx2()) {
-                qw_dequant_bf16_half_avx2(half, rows, K, dst + j0 * K);
-                continue;
-            }
-#endif
-            for (int64_t k = 0; k < K; k += 8)
-                for (int r = 0; r < rows; r++)
-                    for (int j = 0; j < 8; j++) {
-                        uint32_t bits = (uint32_t)half[4 * k + 8 * r + j] << 16;
-                        memcpy(dst + (j0 + r) * K + k + j, &bits, sizeof bits);
-                    }
+            qw_dequant_bf16_half_avx2(half, nb - j0 < 4 ? (int)(nb - j0) : 4, K, dst + j0 * K);
         }
         return;
     }
+#endif
     for (int64_t j = 0; j < nb; j++) qw_dequant_matrix_row(dtype, W, K, n0 + j, dst + j * K);
 }
 

@@ -245,7 +245,7 @@ static void float_item_groups(const plan *pl, int64_t n0, int64_t nb, int64_t K,
             for (int j = 0; j < rows; j++) qw_fdot_start(&acc[j]);
             qw_fdot_group_bf16_avx2(g, rows, X + m * K, K, acc);
             for (int j = 0; j < rows; j++) {
-                float v = qw_fdot_finish(&acc[j], X + m * K + K, X + m * K + K, 0);
+                float v = qw_fdot_finish(&acc[j], NULL, NULL, 0); /* K is a multiple of 8: no tail */
                 p->Y[m * p->N + g0 + j] = p->bias ? v + p->bias[g0 + j] : v;
             }
         }

@@ -403,11 +403,7 @@ class Transformer:
             slots, row_seq, rows = [], [], []
             for s, (it, r0) in enumerate(members):
                 n, start, table = len(it.tokens), len(it.seq), it.seq.block_table
-                if n == 1:  # a decode row: no arrays for one slot
-                    slots.append(int(table[start // bs]) * bs + start % bs)
-                else:
-                    p = np.arange(start, start + n)
-                    slots.extend((table[p // bs].astype(np.int64) * bs + p % bs).tolist())
+                slots.extend(int(table[p // bs]) * bs + p % bs for p in range(start, start + n))
                 row_seq.extend([s] * n)
                 rows.extend(range(r0, r0 + n))
             if len(members) == 1:

@@ -68,12 +68,12 @@ class Linear:
         w = self.weight
         return _ops.matrix_bytes(_ops.r8_of(w.dtype), *w.shape) if self.repacks(integer) else 0
 
-    def repack(self, tied: bool = False, arena=None, integer: bool = True) -> bool:
+    def repack(self, arena=None, integer: bool = True) -> bool:
         """Add the row-interleaved copy of W (once) where it has one (repacks()); True when W is
-        repacked. `tied`: W is also the embedding table, whose rows the lookup reads. `arena`: an
-        Arena to take the copy's memory from (else its own array). An in-memory original (re-encoded
-        at load) is dropped: keeping both would hold the weights twice, and the copy has the same
-        values in every mode (a tied table's lookup then reads the copy: Weights.repack)."""
+        repacked. `arena`: an Arena to take the copy's memory from (else its own array). An
+        in-memory original (re-encoded at load) is dropped: keeping both would hold the weights
+        twice, and the copy has the same values in every mode (a tied table's lookup then reads
+        the copy: Weights.repack). A file-mapped original stays, its pages let go."""
         if self.repacks(integer):
             w = self.weight
             data, code, mapped = _repack_in_pieces(w, arena)
@@ -219,14 +219,13 @@ class Weights:
         matrix was repacked (the integer path is used)."""
         integer_packed = False
         arena = Arena(sum(-(-lin.repack_bytes(integer) // 64) * 64 for lin in self.linears()))
-        tied = self.lm_head is self.embed
         for lin in self.linears():
-            lin.repack(tied=lin is self.head and tied, arena=arena, integer=integer)
+            lin.repack(arena=arena, integer=integer)
             integer_packed |= lin.integer
         if self.head.weight is self.head.packed:  # its in-memory original dropped: no reference kept
+            if self.lm_head is self.embed:
+                self.embed = self.head.packed
             self.lm_head = self.head.packed
-            if tied:
-                self.embed = self.lm_head
         return integer_packed
 
     def embed_lookup_only(self) -> bool:
