@@ -26,41 +26,6 @@ size_t qw_act_bytes(int dtype, int64_t n, int bits) {
     return bits == 16 ? 2 * ACT_HALF(n) : ACT_HALF(n);
 }
 
-/* Below this max|x| a block is quantized to zeros: 1 / d would overflow for some such blocks. */
-#define ACT_TINY 1e-30f
-
-static inline uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static inline float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* The block scale from the largest |x| bit pattern (|x| bits order as the values do, with NaN
- * above infinity, so non-finite inputs are seen wherever they are): d, and 1 / d (0 for a zero
- * block). Returns 0 for a block with non-finite values (d = NaN), whose codes must be zeros. */
-static inline int act_scale(uint32_t amax_bits, float *d, float *id) {
-    if (amax_bits >= 0x7f800000u) {
-        *d = NAN;
-        *id = 0.0f;
-        return 0;
-    }
-    float amax = bits_f32(amax_bits);
-    if (amax < ACT_TINY) {
-        *d = 0.0f;
-        *id = 0.0f;
-        return 1;
-    }
-    *d = amax / 127.0f;
-    *id = 1.0f / *d;
-    return 1;
-}
-
 /* Nearest integer, ties to even, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits. */
 static inline float round_even(float v) {
     const float magic = 12582912.0f;
@@ -311,23 +276,6 @@ void qw_vertical_act_rows(const uint8_t *joined, size_t stride, int rows, uint8_
         for (int64_t b = 0; b < n / QK; b++) {
             d[8 * b + r] = JOINED_D(row, n)[b];
             s[8 * b + r] = JOINED_S(row, n)[b];
-        }
-    }
-}
-
-/* ---------------------------------------------------------------- AMX blocks (kernels.h) */
-
-void qw_amx_act_rows(const uint8_t *rows, size_t stride, int64_t n, int bits, uint8_t *dst) {
-    const int levels = bits == 16 ? 2 : 1;
-    const size_t half = ACT_HALF(n);
-    for (int64_t b = 0; b < n / QK; b++) {
-        uint8_t *rec = dst + (size_t)b * QW_AMX_ACT_BLOCK(bits);
-        float *d = (float *)(rec + 512 * (size_t)levels), *s = d + 16;
-        for (int m = 0; m < 16; m++) {
-            const uint8_t *row = rows + (size_t)m * stride, *last = row + (size_t)(levels - 1) * half;
-            for (int l = 0; l < levels; l++) memcpy(rec + 512 * l + 32 * m, row + (size_t)l * half + 32 * b, 32);
-            d[m] = ACT_D(last, n)[b];
-            s[m] = ACT_S(last, n)[b];
         }
     }
 }

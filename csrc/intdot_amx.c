@@ -202,28 +202,64 @@ R8_TARGET INLINE void put_pairs(uint8_t *B, const __m256i c0[8], const __m256i c
     }
 }
 
-/* A bf16 AMX block (kernels.h) from 16 plain 16-bit act rows `stride` bytes apart: per 32-value
- * block, level 1's values 256 q1, then level 2's q2, 16 rows of 32 bf16 each, then the rows' d
- * and s (level 2's). */
-R8_TARGET void qw_amx_act_rows_bf16_x86(const uint8_t *rows, size_t stride, int64_t n, uint8_t *dst) {
-    const size_t half = ACT_HALF(n);
+/* 16 float rows `ldx` values apart straight into an AMX block (kernels.h; with bf16, the bf16
+ * kernels' form): the codes and scales act.c's quantizers give those rows (the same act_scale,
+ * rounding and clamp), with no plain act rows in between (quantizing to plain rows and laying
+ * them out after took a second pass over every act value). Level 1's code q1 is round(t) itself
+ * (|t| <= 127 after act_scale), so the bf16 value 256 q1 needs no trip through an integer; zeros
+ * are made +0, the bf16 an integer 0 gives. The code sums, whole numbers far below 2^24, are
+ * exact as float sums in any order. */
+R8_TARGET INLINE __m256i bf16_hi(__m512 v) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)); }
+
+R8_TARGET INLINE __m128i codes16(__m512 v) { return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)); }
+
+R8_TARGET void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bits, int bf16, uint8_t *dst) {
+    const int levels = bits == 16 ? 2 : 1;
+    const size_t per = bf16 ? QW_AMX_ACT_BLOCK_BF16 : QW_AMX_ACT_BLOCK(bits), lsize = bf16 ? 1024 : 512;
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+    const __m512 k256 = _mm512_set1_ps(256.0f), lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f);
+    const __m512 zero = _mm512_setzero_ps();
+    const int near = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     for (int64_t b = 0; b < n / 32; b++) {
-        uint8_t *rec = dst + (size_t)b * QW_AMX_ACT_BLOCK_BF16;
-        float *d = (float *)(rec + 2048), *s = d + 16;
+        uint8_t *rec = dst + (size_t)b * per;
+        float *d = (float *)(rec + lsize * (size_t)levels), *s = d + 16;
         for (int m = 0; m < 16; m++) {
-            const uint8_t *row = rows + (size_t)m * stride;
-            for (int l = 0; l < 2; l++) {
-                const int8_t *q = (const int8_t *)(row + (size_t)l * half + 32 * b);
-                const __m512 f = _mm512_set1_ps(l == 0 ? 256.0f : 1.0f);
+            const float *x = X + (size_t)m * ldx + 32 * (size_t)b;
+            const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+            const __m512i ab = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(x0), abs_mask),
+                                                _mm512_and_si512(_mm512_castps_si512(x1), abs_mask));
+            float dd, id;
+            __m512 l1[2] = {zero, zero}, l2[2] = {zero, zero};
+            if (act_scale((uint32_t)_mm512_reduce_max_epu32(ab), &dd, &id)) {
+                const __m512 vid = _mm512_set1_ps(id);
                 for (int h = 0; h < 2; h++) {
-                    const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * h)));
-                    const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(v), f);
-                    const __m256i w = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16));
-                    _mm256_storeu_si256((__m256i *)(rec + 1024 * l + 64 * m + 32 * h), w);
+                    const __m512 t = _mm512_mul_ps(h ? x1 : x0, vid);
+                    const __m512 a = _mm512_roundscale_ps(t, near);
+                    l1[h] = _mm512_add_ps(a, zero);
+                    if (levels == 2) {
+                        const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(t, a), k256), near);
+                        l2[h] = _mm512_add_ps(_mm512_max_ps(_mm512_min_ps(r, lim), nlim), zero);
+                    }
                 }
             }
-            d[m] = ACT_D(row + half, n)[b];
-            s[m] = ACT_S(row + half, n)[b];
+            const int s1 = (int)_mm512_reduce_add_ps(_mm512_add_ps(l1[0], l1[1]));
+            const int s2 = (int)_mm512_reduce_add_ps(_mm512_add_ps(l2[0], l2[1]));
+            for (int h = 0; h < 2; h++) {
+                if (bf16) {
+                    _mm256_storeu_si256((__m256i *)(rec + 64 * m + 32 * h), bf16_hi(_mm512_mul_ps(l1[h], k256)));
+                    _mm256_storeu_si256((__m256i *)(rec + 1024 + 64 * m + 32 * h), bf16_hi(l2[h]));
+                } else {
+                    _mm_storeu_si128((__m128i *)(rec + 32 * m + 16 * h), codes16(l1[h]));
+                    if (levels == 2) _mm_storeu_si128((__m128i *)(rec + 512 + 32 * m + 16 * h), codes16(l2[h]));
+                }
+            }
+            if (levels == 2) {
+                d[m] = dd * (1.0f / 256.0f);
+                s[m] = d[m] * (float)(256 * s1 + s2);
+            } else {
+                d[m] = dd;
+                s[m] = dd * (float)s1;
+            }
         }
     }
 }
@@ -436,10 +472,13 @@ qw_amx_fn qw_amx_kernel_bf16_x86(int dtype) {
     return NULL;
 }
 
-void qw_amx_act_rows_bf16_x86(const uint8_t *rows, size_t stride, int64_t n, uint8_t *dst) {
-    (void)rows;
-    (void)stride;
+void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bits, int bf16, uint8_t *dst) {
+    (void)X;
+    (void)ldx;
     (void)n;
+    (void)bits;
+    (void)bf16;
     (void)dst;
 }
+
 #endif

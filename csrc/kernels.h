@@ -51,16 +51,17 @@ typedef void (*qw_r8_fn)(const uint8_t *group, int64_t K, const uint8_t *xq, siz
 
 /* The AMX kernels take 16 act rows as one AMX block: per 32-value block, each level's codes as
  * 16 rows of 32 (tile A as it is loaded, 512 bytes a level), then the last level's d and s of the
- * 16 rows (16 floats each); QW_AMX_ACT_BLOCK bytes per 32 values. qw_amx_act_rows builds one from
- * 16 plain act rows `stride` bytes apart. The code sums are not needed (the kernels take the code
- * offsets off in the weights). */
+ * 16 rows (16 floats each); QW_AMX_ACT_BLOCK bytes per 32 values. The code sums are not needed
+ * (the kernels take the code offsets off in the weights). */
 #define QW_AMX_ACT_BLOCK(bits) ((size_t)((bits) == 16 ? 2 : 1) * 512 + 128)
-void qw_amx_act_rows(const uint8_t *rows, size_t stride, int64_t n, int bits, uint8_t *dst);
 /* The bf16 AMX blocks of 16-bit rows (intdot_amx.c; for the bf16 kernels): per 32-value block,
  * level 1's codes as the bf16 values 256 q1 and level 2's as q2, each 16 rows of 32 (1 KiB a
  * level), then level 2's d and s of the 16 rows; QW_AMX_ACT_BLOCK_BF16 bytes per 32 values. */
 #define QW_AMX_ACT_BLOCK_BF16 ((size_t)2048 + 128)
-void qw_amx_act_rows_bf16_x86(const uint8_t *rows, size_t stride, int64_t n, uint8_t *dst);
+/* Either form from 16 float rows `ldx` values apart, quantized straight into the block: the codes
+ * and scales act.c's quantizers give those rows (intdot_amx.c; for AMX CPUs, all of which have
+ * AVX-512). */
+void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bits, int bf16, uint8_t *dst);
 
 /* The AMX product (intdot_amx.c) of n AMX blocks (block j at xa + j * astride, 16 act rows each)
  * with the 16 rows of two repacked groups g0 and g1 (g1 NULL when there is only one: outputs

@@ -129,9 +129,8 @@ static const uint8_t *quantize_vertical(const float *X, int64_t M, int64_t K, si
 }
 
 /* X's rows for the AMX kernels: the first 16 * (M / 16) as AMX blocks (kernels.h; with bf16, the
- * bf16 kernels' form), *block bytes each, then the rest as plain act rows, *stride bytes each.
- * Each block's 16 plain rows are quantized into the thread's own buffer and laid out from there.
- * NULL when out of memory. */
+ * bf16 kernels' form), *block bytes each, quantized straight into them, then the rest as plain act
+ * rows, *stride bytes each. NULL when out of memory. */
 static const uint8_t *quantize_amx(int bits, int bf16, const float *X, int64_t M, int64_t K, size_t *block,
                                    size_t *stride) {
     const size_t used = qw_act_bytes(QW_Q8_0, K, bits), act = (used + 63) & ~(size_t)63;
@@ -141,30 +140,18 @@ static const uint8_t *quantize_amx(int bits, int bf16, const float *X, int64_t M
     uint8_t *out = grow(pair_buf, &pair_cap, blk * (size_t)nblk + act * (size_t)(M % 16));
     if (!out) return NULL;
     pair_buf = out;
-    int failed = 0;
 #pragma omp parallel for num_threads(qw_get_threads()) schedule(static)
     for (int64_t it = 0; it < items; it++) {
-        if (it >= nblk) { /* a plain row past the blocks */
+        if (it < nblk) {
+            qw_amx_quantize_x86(X + 16 * it * K, (size_t)K, K, bits, bf16, out + (size_t)it * blk);
+        } else { /* a plain row past the blocks */
             int64_t m = 16 * nblk + (it - nblk);
             qw_quantize_act(QW_Q8_0, X + m * K, out + (size_t)nblk * blk + (size_t)(it - nblk) * act, K, bits);
-            continue;
         }
-        uint8_t *rows = grow(act_buf, &act_cap, 16 * act);
-        if (!rows) {
-#pragma omp atomic write
-            failed = 1;
-            continue;
-        }
-        act_buf = rows;
-        for (int m = 0; m < 16; m++) qw_quantize_act(QW_Q8_0, X + (16 * it + m) * K, rows + (size_t)m * act, K, bits);
-        if (bf16)
-            qw_amx_act_rows_bf16_x86(rows, act, K, out + (size_t)it * blk);
-        else
-            qw_amx_act_rows(rows, act, K, bits, out + (size_t)it * blk);
     }
     *block = blk;
     *stride = act;
-    return failed ? NULL : out;
+    return out;
 }
 
 /* ---------------------------------------------------------------- one pass over a group

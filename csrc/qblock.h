@@ -5,10 +5,50 @@
 #ifndef QWENC_QBLOCK_H
 #define QWENC_QBLOCK_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "quant.h"
+
+/* ---------------------------------------------------------------- act block scales
+ *
+ * Shared by act.c's quantizers and the fused AMX one (intdot_amx.c), which must agree bit for bit. */
+
+/* Below this max|x| a block is quantized to zeros: 1 / d would overflow for some such blocks. */
+#define ACT_TINY 1e-30f
+
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The block scale from the largest |x| bit pattern (|x| bits order as the values do, with NaN
+ * above infinity, so non-finite inputs are seen wherever they are): d, and 1 / d (0 for a zero
+ * block). Returns 0 for a block with non-finite values (d = NaN), whose codes must be zeros. */
+static inline int act_scale(uint32_t amax_bits, float *d, float *id) {
+    if (amax_bits >= 0x7f800000u) {
+        *d = NAN;
+        *id = 0.0f;
+        return 0;
+    }
+    float amax = bits_f32(amax_bits);
+    if (amax < ACT_TINY) {
+        *d = 0.0f;
+        *id = 0.0f;
+        return 1;
+    }
+    *d = amax / 127.0f;
+    *id = 1.0f / *d;
+    return 1;
+}
 
 /* ---------------------------------------------------------------- block layouts
  *

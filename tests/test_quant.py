@@ -754,6 +754,56 @@ def test_matmul_prefill_sized_paths_give_the_same_bits(name, bits):
             assert_int_dot_close(want[m], w, row_values(xq[m], K, bits), mins)
 
 
+def awkward_act_rows(K, rng):
+    """35 act rows (two whole 16-row blocks and a short last one) with every kind of act block:
+    act_inputs' four kinds (outliers, blocks of zeros and of sub-1e-30 values), values that round
+    to -0 and to halves (ties to even), a level-2 code at its clamp, blocks with +-inf and NaN,
+    negative zeros and subnormals."""
+    base = act_inputs(K, rng)
+    x = base[np.arange(35) % 4].copy()
+    x *= rng.uniform(0.5, 2.0, (35, 1)).astype(np.float32)
+    x[4, :32] = np.float32(-0.3 / 127)  # q1 = round(-0.3 / max) -> -0 unless one value sets the scale
+    x[4, 0] = 1.0
+    x[5, 32:64] = (np.arange(32, dtype=np.float32) - 15.5) / np.float32(15.5) * np.float32(127 / 127)
+    x[6, 64:96] = np.float32(2.5 / 127)
+    x[6, 64] = 1.0
+    x[7, 96:128] = -0.0
+    x[8, 128:160] = np.float32(1e-40)  # subnormal: below the tiny-block limit
+    x[9, 160:192] = 126.5 / 127.0
+    x[9, 160] = 1.0
+    x[20, 5] = np.inf
+    x[21, 40] = -np.inf
+    x[22, 70] = np.nan
+    x[34, 3] = np.inf  # in the short last block's plain rows
+    return x
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+@pytest.mark.parametrize("bits", [8, 16])
+def test_matmul_prefill_awkward_activations_give_the_same_bits(name, bits):
+    """Prefill-sized products quantize their act rows on the way to the kernels (on AMX CPUs
+    straight into the tile blocks, not through act.c's rows): with awkward act blocks (zeros,
+    tiny and subnormal values, -0, ties, the level-2 clamp, infinities and NaN) every SIMD path
+    gives dot_rows_act's bits on act.c's quantized rows, row by row, NaN rows included."""
+    from qwenc import _ops
+    simd = [p for p in _ops.simd_paths() if p != "plain"] or ["plain"]
+    N, K = 24, 256
+    data = synthetic(name, N, K, seed=bits + 11)
+    x = np.ascontiguousarray(awkward_act_rows(K, np.random.default_rng(bits)))
+    xq = _quant.quantize_activations(x, CODE[name], bits=bits)
+    want = np.stack([_quant.dot_rows_act(data, CODE[name], N, K, xq[m], bits=bits) for m in range(len(x))])
+    assert np.isnan(want[[20, 21, 22, 34]]).all() and not np.isnan(np.delete(want, [20, 21, 22, 34], 0)).any()
+    prev = _ops.simd_path()
+    try:
+        for p in simd:
+            _ops.set_simd_path(p)
+            y = np.full((len(x), N), np.nan, np.float32)
+            _ops.matmul(data.reshape(-1), CODE[name], N, K, x, y, None, bits)
+            assert_same_bits(y, want.astype(np.float32))
+    finally:
+        _ops.set_simd_path(prev)
+
+
 # Byte ranges of each type's code fields in a block, and the byte that sets every code there to
 # the type's largest magnitude (Q4_0 -8, Q4_1 15, Q5_0 -16, Q5_1 31, Q8_0 -128, Q4_K 15, Q5_K 31,
 # Q6_K -32).
