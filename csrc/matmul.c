@@ -136,17 +136,23 @@ static const uint8_t *quantize_amx(int bits, int bf16, const float *X, int64_t M
     const size_t used = qw_act_bytes(QW_Q8_0, K, bits), act = (used + 63) & ~(size_t)63;
     const size_t per = bf16 ? QW_AMX_ACT_BLOCK_BF16 : QW_AMX_ACT_BLOCK(bits);
     const size_t blk = ((size_t)(K / 32) * per + 63) & ~(size_t)63;
-    const int64_t nblk = M / 16, items = nblk + M % 16;
+    const int64_t nblk = M / 16;
+    /* fewer 16-row blocks than threads (a batched decode step has one): each block's K in parts */
+    const int threads = qw_get_threads();
+    const int64_t parts = nblk >= threads ? 1 : (threads + nblk - 1) / nblk, kb = K / 32;
+    const int64_t items = nblk * parts + M % 16;
     uint8_t *out = grow(pair_buf, &pair_cap, blk * (size_t)nblk + act * (size_t)(M % 16));
     if (!out) return NULL;
     pair_buf = out;
-#pragma omp parallel for num_threads(qw_get_threads()) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t it = 0; it < items; it++) {
-        if (it < nblk) {
-            qw_amx_quantize_x86(X + 16 * it * K, (size_t)K, K, bits, bf16, out + (size_t)it * blk);
+        if (it < nblk * parts) {
+            const int64_t i = it / parts, j = it % parts, b0 = kb * j / parts, b1 = kb * (j + 1) / parts;
+            qw_amx_quantize_x86(X + 16 * i * K + 32 * b0, (size_t)K, 32 * (b1 - b0), bits, bf16,
+                                out + (size_t)i * blk + (size_t)b0 * per);
         } else { /* a plain row past the blocks */
-            int64_t m = 16 * nblk + (it - nblk);
-            qw_quantize_act(QW_Q8_0, X + m * K, out + (size_t)nblk * blk + (size_t)(it - nblk) * act, K, bits);
+            int64_t m = 16 * nblk + (it - nblk * parts);
+            qw_quantize_act(QW_Q8_0, X + m * K, out + (size_t)nblk * blk + (size_t)(m - 16 * nblk) * act, K, bits);
         }
     }
     *block = blk;
