@@ -440,6 +440,19 @@ def test_gguf_metadata_of_the_wrong_type_or_range(ws, tmp_path, key, vtype, valu
     refused(path, ModelFormatError, match)
 
 
+def test_gguf_added_token_not_utf8(ws, tmp_path):
+    """An added token (control or user-defined, not in the byte-level vocabulary) whose bytes are
+    not UTF-8 (here a UTF-8-encoded surrogate) is refused with TokenizerError, like a vocabulary
+    token or merge that is not, not left to raise UnicodeEncodeError."""
+    md = dict((k, v) for k, _, v in ws.mini["kvs"])
+    tokens, ttypes = list(md["tokenizer.ggml.tokens"][1]), md["tokenizer.ggml.token_type"][1]
+    tid = next(i for i, t in enumerate(ttypes) if t == 3)
+    tokens[tid] = b"\xed\xb2\x80".decode("utf-8", "surrogateescape")
+    kvs = _set_kv(ws.mini["kvs"], "tokenizer.ggml.tokens", G.ARRAY, (G.STRING, tokens))
+    err = refused(_gguf(ws, _parts(ws, kvs=kvs), tmp_path / "t.gguf"), TokenizerError, "not valid UTF-8")
+    assert f"added token {tid}" in str(err)
+
+
 def test_gguf_missing_keys(ws, tmp_path):
     for key in ("qwen2.embedding_length", "qwen2.block_count", "tokenizer.ggml.merges"):
         kvs = [kv for kv in ws.mini["kvs"] if kv[0] != key]

@@ -135,7 +135,10 @@ class Tokenizer:
         blob_strings = [("" if t is None else t) for t in tokens]
         for content, tid, _, _ in added:
             if not in_vocab[tid]:
-                blob_strings[tid] = _as_byte_level(content)
+                try:
+                    blob_strings[tid] = _as_byte_level(content)
+                except UnicodeEncodeError:  # lone surrogates: bytes that were not UTF-8 in a GGUF
+                    raise TokenizerError(f"{source}: added token {tid} is not valid UTF-8") from None
         blob = "\n".join(blob_strings)
         if blob.count("\n") != n - 1:
             raise UnsupportedTokenizer(f"{source}: a vocabulary token contains a raw newline character")
