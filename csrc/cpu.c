@@ -62,10 +62,11 @@ int qw_cpu_has_amx(void) {
 #endif
 }
 
-/* AMX-BF16 beside AMX-INT8 (the tile state is the same). */
+/* AMX-BF16 beside AMX-INT8 (the tile state is the same), and AVX-512 VBMI, whose byte lookups
+ * turn the weight codes into bf16 for the tiles (every CPU with AMX has it). */
 int qw_cpu_has_amx_bf16(void) {
 #if QW_HAVE_X86
-    return qw_cpu_has_amx() && __builtin_cpu_supports("amx-bf16");
+    return qw_cpu_has_amx() && __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("avx512vbmi");
 #else
     return 0;
 #endif

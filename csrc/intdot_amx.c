@@ -28,7 +28,7 @@
 
 #if QW_HAVE_X86 && !defined(QW_SIMDE)
 #include <immintrin.h>
-#define R8_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8,amx-bf16")))
+#define R8_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,amx-tile,amx-int8,amx-bf16")))
 #define R8_UNPACK_ONLY
 #include "intdot_x86.h"
 
@@ -178,27 +178,41 @@ R8_TARGET INLINE __m256i bf16_of(__m512i v) {
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(v)), 16));
 }
 
-/* The bf16 of every code in [-32, 32), indexed by its low 6 bits (vpermi2w: entries 0-31 in lo,
- * 32-63, the negative codes, in hi). */
-R8_TARGET INLINE void bf16_code_table(__m512i *lo, __m512i *hi) {
+/* The bf16 of every code a type's unpacking gives (0-63, before its offset is taken off), as two
+ * byte tables for vpermb indexed by the code: the low bytes, the high bytes. The offset is taken
+ * off here, in the table, not in the codes. */
+R8_TARGET INLINE void bf16_code_table(const int T, __m512i *lo, __m512i *hi) {
     const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i sixteen = _mm512_set1_epi32(16);
-    *lo = _mm512_inserti64x4(_mm512_castsi256_si512(bf16_of(iota)), bf16_of(_mm512_add_epi32(iota, sixteen)), 1);
-    const __m512i neg = _mm512_sub_epi32(iota, _mm512_set1_epi32(32));
-    *hi = _mm512_inserti64x4(_mm512_castsi256_si512(bf16_of(neg)), bf16_of(_mm512_add_epi32(neg, sixteen)), 1);
+    const __m512i off = _mm512_set1_epi32(code_offset(T));
+    __m512i words[4]; /* codes 16 q .. 16 q + 15 as bf16 in the low 16 bits of each dword */
+    for (int q = 0; q < 4; q++) {
+        const __m512i c = _mm512_sub_epi32(_mm512_add_epi32(iota, _mm512_set1_epi32(16 * q)), off);
+        words[q] = _mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(c)), 16);
+    }
+    __m128i l[4], h[4];
+    for (int q = 0; q < 4; q++) {
+        l[q] = _mm512_cvtepi32_epi8(words[q]);
+        h[q] = _mm512_cvtepi32_epi8(_mm512_srli_epi32(words[q], 8));
+    }
+    *lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(l[1], l[0])), _mm256_set_m128i(l[3], l[2]), 1);
+    *hi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(h[1], h[0])), _mm256_set_m128i(h[3], h[2]), 1);
 }
 
-/* Tile B for bf16 from the two groups' step vectors: step s holds codes 4s .. 4s + 3 of each row,
- * so its even dwords (as bf16 words) are pair 2s of the 8 rows and its odd dwords pair 2s + 1;
- * B's row k is pair k of group 0's 8 rows, then of group 1's. */
+/* Tile B for bf16 from the two groups' step vectors (codes as unpacked, offset not taken off):
+ * step s holds codes 4s .. 4s + 3 of each row, so B's row 2s is pair (4s, 4s + 1) of group 0's 8
+ * rows, then of group 1's, and row 2s + 1 pair (4s + 2, 4s + 3). Per step: both groups' codes in
+ * one vector (16 rows x 4), looked up to bf16 low and high bytes, interleaved into words (per
+ * 128-bit lane: rows 4l, 4l + 1 in the low half's words, 4l + 2, 4l + 3 in the high half's), then
+ * each row's two pairs dealt to the two B rows. */
 R8_TARGET INLINE void put_pairs(uint8_t *B, const __m256i c0[8], const __m256i c1[8], __m512i lo, __m512i hi) {
-    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i even = _mm512_set_epi32(30, 28, 14, 12, 26, 24, 10, 8, 22, 20, 6, 4, 18, 16, 2, 0);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     for (int s = 0; s < 8; s++) {
-        const __m512i w0 = _mm512_permutex2var_epi16(lo, _mm512_cvtepi8_epi16(c0[s]), hi);
-        const __m512i w1 = _mm512_permutex2var_epi16(lo, _mm512_cvtepi8_epi16(c1[s]), hi);
-        _mm512_store_si512((__m512i *)(B + 128 * s), _mm512_permutex2var_epi32(w0, even, w1));
-        _mm512_store_si512((__m512i *)(B + 128 * s + 64), _mm512_permutex2var_epi32(w0, odd, w1));
+        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(c0[s]), c1[s], 1);
+        const __m512i L = _mm512_permutexvar_epi8(z, lo), H = _mm512_permutexvar_epi8(z, hi);
+        const __m512i a = _mm512_unpacklo_epi8(L, H), b = _mm512_unpackhi_epi8(L, H);
+        _mm512_store_si512((__m512i *)(B + 128 * s), _mm512_permutex2var_epi32(a, even, b));
+        _mm512_store_si512((__m512i *)(B + 128 * s + 64), _mm512_permutex2var_epi32(a, odd, b));
     }
 }
 
@@ -302,7 +316,7 @@ R8_TARGET INLINE void unpack_groups(const int T, const int BF, const uint8_t *g0
                 const __m256 D = record_scales(T, rec[h], &M[h], &Dmin);
                 qw_prefetch_share(rec[h], rb, subs, j);
                 unpack_sub(T, rec[h], j, D, Dmin, c[h], &S[h], &Sb[h], &M[h]);
-                take_offset(T, c[h]);
+                if (!BF) take_offset(T, c[h]);
             }
             if (!BF) put_steps(w + WORK_B, c[h], h);
         }
@@ -410,7 +424,7 @@ R8_TARGET INLINE void product_amx(const int T, const int BITS, const int BF, con
     memset(out, 0, (size_t)n * 256 * sizeof(float));
     if (HAS_MIN(T)) memset(macc, 0, (size_t)n * 256 * sizeof(float));
     __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
-    if (BF) bf16_code_table(&lo, &hi);
+    if (BF) bf16_code_table(T, &lo, &hi);
     const int64_t nblocks = K / 32;
     for (int64_t b0 = 0; b0 < nblocks; b0 += CHUNK) {
         const int nb = nblocks - b0 < CHUNK ? (int)(nblocks - b0) : CHUNK;
