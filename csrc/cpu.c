@@ -42,7 +42,8 @@ int qw_cpu_has_avx512(void) {
 
 /* AMX-INT8 on the CPU, and the tile state granted by the kernel: Linux hands a process the
  * 8 KiB of tile registers only when asked (arch_prctl ARCH_REQ_XCOMP_PERM); without it the first
- * tile instruction faults. Asked once; a refusal leaves the AMX path out. */
+ * tile instruction faults. Asked once; a refusal leaves the AMX path out. intdot_amx.c is
+ * compiled for AVX-512 VBMI too (its bf16 lookups), which every CPU with AMX has. */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 static int amx_state = -1;
@@ -52,7 +53,8 @@ int qw_cpu_has_amx(void) {
     int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
     if (s < 0) {
         __builtin_cpu_init();
-        s = qw_cpu_has_avx512() && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") &&
+        s = qw_cpu_has_avx512() && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("amx-tile") &&
+            __builtin_cpu_supports("amx-int8") &&
             syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
         __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
     }
@@ -62,11 +64,10 @@ int qw_cpu_has_amx(void) {
 #endif
 }
 
-/* AMX-BF16 beside AMX-INT8 (the tile state is the same), and AVX-512 VBMI, whose byte lookups
- * turn the weight codes into bf16 for the tiles (every CPU with AMX has it). */
+/* AMX-BF16 beside AMX-INT8 (the tile state is the same). */
 int qw_cpu_has_amx_bf16(void) {
 #if QW_HAVE_X86
-    return qw_cpu_has_amx() && __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("avx512vbmi");
+    return qw_cpu_has_amx() && __builtin_cpu_supports("amx-bf16");
 #else
     return 0;
 #endif
