@@ -173,26 +173,20 @@ R8_TARGET INLINE __m512i joined(const int levels, const int32_t *c1, const int32
  * per block instead of two, and no join or conversion after it. */
 #define BF16_TYPES(X) X(QW_Q4_0, q4_0) X(QW_Q4_1, q4_1) X(QW_Q5_0, q5_0) X(QW_Q4_K, q4_k) X(QW_Q6_K, q6_k)
 
-/* 16 small integers as bf16 (exact: the float's low 16 bits are zeros). */
-R8_TARGET INLINE __m256i bf16_of(__m512i v) {
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(v)), 16));
-}
+/* 16 floats' bf16 (their high 16 bits: exact for the small integers the bf16 path holds). */
+R8_TARGET INLINE __m256i bf16_hi(__m512 v) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)); }
 
 /* The bf16 of every code a type's unpacking gives (0-63, before its offset is taken off), as two
  * byte tables for vpermb indexed by the code: the low bytes, the high bytes. The offset is taken
  * off here, in the table, not in the codes. */
 R8_TARGET INLINE void bf16_code_table(const int T, __m512i *lo, __m512i *hi) {
     const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i off = _mm512_set1_epi32(code_offset(T));
-    __m512i words[4]; /* codes 16 q .. 16 q + 15 as bf16 in the low 16 bits of each dword */
+    __m128i l[4], h[4]; /* codes 16 q .. 16 q + 15 */
     for (int q = 0; q < 4; q++) {
-        const __m512i c = _mm512_sub_epi32(_mm512_add_epi32(iota, _mm512_set1_epi32(16 * q)), off);
-        words[q] = _mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(c)), 16);
-    }
-    __m128i l[4], h[4];
-    for (int q = 0; q < 4; q++) {
-        l[q] = _mm512_cvtepi32_epi8(words[q]);
-        h[q] = _mm512_cvtepi32_epi8(_mm512_srli_epi32(words[q], 8));
+        const __m512i c = _mm512_add_epi32(iota, _mm512_set1_epi32(16 * q - code_offset(T)));
+        const __m256i w = bf16_hi(_mm512_cvtepi32_ps(c));
+        l[q] = _mm256_cvtepi16_epi8(w);
+        h[q] = _mm256_cvtepi16_epi8(_mm256_srli_epi16(w, 8));
     }
     *lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(l[1], l[0])), _mm256_set_m128i(l[3], l[2]), 1);
     *hi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(h[1], h[0])), _mm256_set_m128i(h[3], h[2]), 1);
@@ -223,8 +217,6 @@ R8_TARGET INLINE void put_pairs(uint8_t *B, const __m256i c0[8], const __m256i c
  * (|t| <= 127 after act_scale), so the bf16 value 256 q1 needs no trip through an integer; zeros
  * are made +0, the bf16 an integer 0 gives. The code sums, whole numbers far below 2^24, are
  * exact as float sums in any order. */
-R8_TARGET INLINE __m256i bf16_hi(__m512 v) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)); }
-
 R8_TARGET INLINE __m128i codes16(__m512 v) { return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)); }
 
 R8_TARGET void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bits, int bf16, uint8_t *dst) {
