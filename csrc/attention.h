@@ -25,6 +25,9 @@ enum { QW_KV_F32 = 0, QW_KV_F16 = 1 };
  * values. */
 void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, int64_t hd,
                  const int64_t *slots, int64_t n_blocks, int64_t bs, int kv_type, void *Kc, void *Vc);
+/* The same for token t alone (every kv head). */
+void qw_kv_write_row(const float *k, const float *v, int64_t t, int64_t n_kv_heads, int64_t hd, const int64_t *slots,
+                     int64_t n_blocks, int64_t bs, int kv_type, void *Kc, void *Vc);
 
 /* out[t] = softmax(scale * q[t] K^T) V for T query rows of the sequences of one step.
  *

@@ -7,6 +7,8 @@
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for M rows of D. Sums in double, so the result
  * does not depend on the order of accumulation. out may alias x. */
 void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out);
+/* x += y (as numpy's float32 add), then out = rmsnorm(x): qw_rmsnorm's bits. */
+void qw_add_rmsnorm(float *x, const float *y, const float *w, float eps, int64_t M, int64_t D, float *out);
 
 /* Rotary embedding in place on x[T, H, hd] ("rotate_half" pairing: element i with i + hd/2), in
  * two halves, so that a step rotating many heads at the same positions (every layer's q and k)
@@ -16,6 +18,8 @@ void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D,
  * factor; 1 without scaling, which leaves them exact). qw_rope_apply: x rotated with them. */
 void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float mscale, float *cs);
 void qw_rope_apply(float *x, int64_t T, int64_t H, int64_t hd, const float *cs);
+/* One token's H heads rotated with its row c of the table. */
+void qw_rope_row(float *x, int64_t H, int64_t hd, const float *c);
 
 /* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias gate. */
 void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out);
