@@ -269,6 +269,12 @@ static void put_rows(float *y, int64_t ldy, const float *b, int rows, const floa
     }
 }
 
+/* The same in place: count rows of 16 outputs, ld apart, each plus its bias b. */
+static void add_bias16(float *res, int64_t ld, const float *b, int64_t count) {
+    for (int64_t i = 0; i < count; i++)
+        for (int r = 0; r < 16; r++) res[i * ld + r] = res[i * ld + r] + b[r];
+}
+
 /* A kernel's outputs for act rows m .. m + count - 1 and weight rows g0 .. g0 + rows - 1 into Y. */
 static void put_outputs(const qw_product *p, int64_t m, int64_t count, int64_t g0, int rows, const float *res,
                         int64_t ld) {
@@ -328,7 +334,7 @@ static void product_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, cons
 
 /* A fused swiglu group's item (run_group): the gate's rows n0 .. n0 + nb and the up product's same
  * rows (whole 16-row pieces: N is a multiple of 16), then silu(gate) * up into the gate's Y with
- * qw_silu_mul's arithmetic. The AMX blocks' up outputs stay in the thread's work area; the plain
+ * qw_silu_mul's arithmetic. The AMX blocks' gate and up outputs stay in the thread's work area; the plain
  * rows of a short last block go through both Ys. */
 static void gated_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const uint8_t *xq, size_t xstride,
                        int64_t m0, int64_t m1, uint8_t *pack, uint8_t *amx) {
@@ -339,16 +345,17 @@ static void gated_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const 
         const size_t gb = qw_r8_group_bytes(pl->base, K), ub = qw_r8_group_bytes(up->base, K);
         const uint8_t *gg = item_groups(pl, n0, nb, K, pack), *gu = item_groups(up, n0, nb, K, pack + gb * (size_t)(nb / 8));
         const int64_t nblk = (m1 - m0) / 16;
-        float *res = (float *)(amx + QW_AMX_WORK(nblk)), *ures = res + 256 * nblk, *uout = ures + 256 * nblk;
+        float *res = (float *)(amx + QW_AMX_WORK(nblk)), *ures = res + 256 * nblk;
         const uint8_t *xa = xq + (size_t)(m0 / 16) * pl->amx_block;
         for (int64_t g0 = n0; g0 < n0 + nb; g0 += 16) {
             const uint8_t *a = gg + (size_t)((g0 - n0) / 8) * gb, *b = gu + (size_t)((g0 - n0) / 8) * ub;
             pl->amx(a, a + gb, K, xa, pl->amx_block, nblk, amx, res);
             up->amx(b, b + ub, K, xa, up->amx_block, nblk, amx, ures);
-            put_outputs(p, m0, 16 * nblk, g0, 16, res, 16);
-            put_rows(uout, 16, q->bias ? q->bias + g0 : no_bias, 16, ures, 16, 16 * nblk);
-            float *y = p->Y + m0 * N + g0;
-            qw_silu_mul_rows(y, N, uout, 16, 16 * nblk, 16, y, N);
+            /* the biases added where the outputs are, and silu(gate) * up written to Y once
+             * (the gate's outputs put into Y and read back cost a pass over Y's lines) */
+            add_bias16(res, 16, p->bias ? p->bias + g0 : no_bias, 16 * nblk);
+            add_bias16(ures, 16, q->bias ? q->bias + g0 : no_bias, 16 * nblk);
+            qw_silu_mul_rows(res, 16, ures, 16, 16 * nblk, 16, p->Y + m0 * N + g0, N);
         }
         m0 += 16 * nblk;
     }
@@ -511,7 +518,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
     int64_t round_rows = xq ? act_round_rows(amx ? amx_block / 16 : pairs ? xstride / 2 : vertical ? xstride / 8 : xstride, M) : M;
     int64_t rounds = round_items ? (M + round_rows - 1) / round_rows : 0;
     /* each thread's AMX work area: two groups unpacked, then a round's outputs for them */
-    size_t amx_bytes = amx ? QW_AMX_WORK(round_rows / 16) + (size_t)(fused ? 3 : 1) * round_rows * 16 * sizeof(float) : 0;
+    size_t amx_bytes = amx ? QW_AMX_WORK(round_rows / 16) + (size_t)(fused ? 2 : 1) * round_rows * 16 * sizeof(float) : 0;
     int64_t items = float_items + rounds * round_items;
     int failed = 0;
 #pragma omp parallel num_threads(qw_get_threads())

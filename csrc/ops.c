@@ -7,17 +7,22 @@
 #include "quant.h"
 #include "vecmath.h"
 
-/* One row's rmsnorm: the sum of squares in one chain of double adds, in order. */
+/* One row's rmsnorm. The sum of squares is in double in 8 chains, value i in chain i % 8, the
+ * chains then added pairwise: the same order on every path and machine (one chain in order was
+ * a dependent double add a value, 1.4% of a 512-token prefill of the 1.5B model). */
 static void rmsnorm_row(const float *xr, const float *w, float eps, int64_t D, float *o) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < D; i++) ss += (double)xr[i] * xr[i];
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= D; i += 8)
+        for (int j = 0; j < 8; j++) a[j] += (double)xr[i + j] * xr[i + j];
+    for (int j = 0; i < D; i++, j++) a[j] += (double)xr[i] * xr[i];
+    double ss = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
     float inv = (float)(1.0 / sqrt(ss / (double)D + (double)eps));
     for (int64_t i = 0; i < D; i++) o[i] = w[i] * (xr[i] * inv);
 }
 
 void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) {
-    /* split from a few thousand values (a batched decode step's rows): each row's sum is one
-     * chain of dependent double adds, about 1 ns a value */
+    /* split from a few thousand values (a batched decode step's rows) */
     if (M >= 2 && M * D >= 4096) {
 #pragma omp parallel for num_threads(qw_get_threads()) schedule(static)
         for (int64_t r = 0; r < M; r++) rmsnorm_row(x + r * D, w, eps, D, out + r * D);
