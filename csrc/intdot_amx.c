@@ -210,13 +210,40 @@ R8_TARGET INLINE void put_pairs(uint8_t *B, const __m256i c0[8], const __m256i c
     }
 }
 
+/* 16 vectors reduced at once: lane m of the result is OP over the 16 lanes of the vector at
+ * v[red_at[m]] (red_at is its own inverse), in 4 steps of two shuffles and OP where one vector's
+ * reduction takes 4 shuffles and 4 OPs (the quantizer's three reductions a row were a third of
+ * its work). Used where any order gives the same result: a max, and sums of whole numbers far
+ * below 2^24. */
+static const int red_at[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+
+R8_TARGET INLINE __m512 max_u32(__m512 a, __m512 b) {
+    return _mm512_castsi512_ps(_mm512_max_epu32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+}
+
+#define RED16(NAME, OP)                                                                                   \
+    R8_TARGET INLINE __m512 NAME(const __m512 v[16]) {                                                    \
+        __m512 t[8], u[4], w[2];                                                                          \
+        for (int i = 0; i < 8; i++)                                                                       \
+            t[i] = OP(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xEE)); \
+        for (int i = 0; i < 4; i++)                                                                       \
+            u[i] = OP(_mm512_shuffle_f32x4(t[i], t[i + 4], 0x88), _mm512_shuffle_f32x4(t[i], t[i + 4], 0xDD)); \
+        for (int i = 0; i < 2; i++)                                                                       \
+            w[i] = OP(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u[i]), _mm512_castps_pd(u[i + 2]))), \
+                      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u[i]), _mm512_castps_pd(u[i + 2])))); \
+        return OP(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));               \
+    }
+RED16(red16_max_u32, max_u32)
+RED16(red16_add, _mm512_add_ps)
+
 /* 16 float rows `ldx` values apart straight into an AMX block (kernels.h; with bf16, the bf16
  * kernels' form): the codes and scales act.c's quantizers give those rows (the same act_scale,
  * rounding and clamp), with no plain act rows in between (quantizing to plain rows and laying
  * them out after took a second pass over every act value). Level 1's code q1 is round(t) itself
  * (|t| <= 127 after act_scale), so the bf16 value 256 q1 needs no trip through an integer; zeros
  * are made +0, the bf16 an integer 0 gives. The code sums, whole numbers far below 2^24, are
- * exact as float sums in any order. */
+ * exact as float sums in any order. A block's rows go in two passes: their maxima (all 16
+ * reduced together, then each row's scale), then their codes and code sums. */
 R8_TARGET INLINE __m128i codes16(__m512 v) { return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)); }
 
 R8_TARGET void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bits, int bf16, uint8_t *dst) {
@@ -229,17 +256,24 @@ R8_TARGET void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bi
     for (int64_t b = 0; b < n / 32; b++) {
         uint8_t *rec = dst + (size_t)b * per;
         float *d = (float *)(rec + lsize * (size_t)levels), *s = d + 16;
+        const float *xb = X + 32 * (size_t)b;
+        __m512 ab[16], l1s[16], l2s[16];
         for (int m = 0; m < 16; m++) {
-            const float *x = X + (size_t)m * ldx + 32 * (size_t)b;
-            const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-            const __m512i ab = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(x0), abs_mask),
-                                                _mm512_and_si512(_mm512_castps_si512(x1), abs_mask));
-            float dd, id;
+            const float *x = xb + (size_t)m * ldx;
+            ab[red_at[m]] = _mm512_castsi512_ps(_mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x)), abs_mask),
+                                                                 _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + 16)), abs_mask)));
+        }
+        _Alignas(64) uint32_t amax[16];
+        _Alignas(64) float dd[16];
+        _mm512_store_si512((__m512i *)amax, _mm512_castps_si512(red16_max_u32(ab)));
+        for (int m = 0; m < 16; m++) {
+            const float *x = xb + (size_t)m * ldx;
+            float id;
             __m512 l1[2] = {zero, zero}, l2[2] = {zero, zero};
-            if (act_scale((uint32_t)_mm512_reduce_max_epu32(ab), &dd, &id)) {
+            if (act_scale(amax[m], &dd[m], &id)) {
                 const __m512 vid = _mm512_set1_ps(id);
                 for (int h = 0; h < 2; h++) {
-                    const __m512 t = _mm512_mul_ps(h ? x1 : x0, vid);
+                    const __m512 t = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * h), vid);
                     const __m512 a = _mm512_roundscale_ps(t, near);
                     l1[h] = _mm512_add_ps(a, zero);
                     if (levels == 2) {
@@ -248,8 +282,8 @@ R8_TARGET void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bi
                     }
                 }
             }
-            const int s1 = (int)_mm512_reduce_add_ps(_mm512_add_ps(l1[0], l1[1]));
-            const int s2 = (int)_mm512_reduce_add_ps(_mm512_add_ps(l2[0], l2[1]));
+            l1s[red_at[m]] = _mm512_add_ps(l1[0], l1[1]);
+            l2s[red_at[m]] = _mm512_add_ps(l2[0], l2[1]);
             for (int h = 0; h < 2; h++) {
                 if (bf16) {
                     _mm256_storeu_si256((__m256i *)(rec + 64 * m + 32 * h), bf16_hi(_mm512_mul_ps(l1[h], k256)));
@@ -259,12 +293,20 @@ R8_TARGET void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bi
                     if (levels == 2) _mm_storeu_si128((__m128i *)(rec + 512 + 32 * m + 16 * h), codes16(l2[h]));
                 }
             }
+        }
+        /* per row, as act.c: d = dd / 256 and s = d (256 s1 + s2) for 16 bits, else d = dd and
+         * s = dd s1, the code sums s1, s2 whole numbers (row by row: a vector load of the 16 dd
+         * stored one by one waited for those stores) */
+        _Alignas(64) int32_t s1[16], s2[16];
+        _mm512_store_si512((__m512i *)s1, _mm512_cvttps_epi32(red16_add(l1s)));
+        if (levels == 2) _mm512_store_si512((__m512i *)s2, _mm512_cvttps_epi32(red16_add(l2s)));
+        for (int m = 0; m < 16; m++) {
             if (levels == 2) {
-                d[m] = dd * (1.0f / 256.0f);
-                s[m] = d[m] * (float)(256 * s1 + s2);
+                d[m] = dd[m] * (1.0f / 256.0f);
+                s[m] = d[m] * (float)(256 * s1[m] + s2[m]);
             } else {
-                d[m] = dd;
-                s[m] = dd * (float)s1;
+                d[m] = dd[m];
+                s[m] = dd[m] * (float)s1[m];
             }
         }
     }
