@@ -322,7 +322,21 @@ ATT_TARGET static void ATT(attend_group)(const float *q, int64_t G, int64_t hd, 
             }
             /* p = e^(s - m), 8 at a time; slots past nk are zeroed, not left at e^-87 */
             __m256 vm = _mm256_set1_ps(m[g]), lsum = _mm256_setzero_ps();
-            for (int64_t j = 0; j < nk; j += 8) {
+            int64_t j0 = 0;
+#if ATT_WIDE
+            /* 16 at a time (qw_exp8's bits), each half added to the 8 lanes in turn as the 8-lane
+             * loop adds them; the slots to the next 16 past nk are zeroed (the scores' rows are
+             * whole 16-key tiles) */
+            const __m512 vm16 = _mm512_set1_ps(m[g]);
+            for (; j0 < nk; j0 += 16) {
+                __m512 e = qw_exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j0), vm16));
+                if (nk - j0 < 16) e = _mm512_maskz_mov_ps((__mmask16)((1u << (nk - j0)) - 1), e);
+                _mm512_storeu_ps(s + j0, e);
+                lsum = _mm256_add_ps(lsum, _mm512_castps512_ps256(e));
+                lsum = _mm256_add_ps(lsum, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+            }
+#endif
+            for (int64_t j = j0; j < nk; j += 8) {
                 __m256 e = qw_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
                 if (nk - j < 8) {
                     __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

@@ -113,11 +113,34 @@ QW_TARGET_AVX2 static void silu_mul_rows_avx2(const float *gate, int64_t ldg, co
                                               int64_t rows, int64_t cols, float *out, int64_t ldo) {
     for (int64_t m = 0; m < rows; m++) silu_run(gate + m * ldg, up + m * ldu, cols, out + m * ldo);
 }
+
+/* The same 16 at a time (silu8's steps, the same bits), the last < 16 of a row through silu_run:
+ * the fused SwiGLU products hand over rows of 16 (8 lanes at a time were 2% of a 512-token
+ * prefill of the 1.5B model). */
+QW_TARGET_AVX512F static void silu_mul_rows_avx512(const float *gate, int64_t ldg, const float *up, int64_t ldu,
+                                                 int64_t rows, int64_t cols, float *out, int64_t ldo) {
+    const int64_t whole = cols / 16 * 16;
+    for (int64_t m = 0; m < rows; m++) {
+        const float *g = gate + m * ldg, *u = up + m * ldu;
+        float *o = out + m * ldo;
+        for (int64_t i = 0; i < whole; i += 16) {
+            __m512 x = _mm512_loadu_ps(g + i);
+            __m512 e = qw_exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e)),
+                                                  _mm512_loadu_ps(u + i)));
+        }
+        if (whole < cols) silu_run(g + whole, u + whole, cols - whole, o + whole);
+    }
+}
 #endif
 
 void qw_silu_mul_rows(const float *gate, int64_t ldg, const float *up, int64_t ldu, int64_t rows, int64_t cols,
                       float *out, int64_t ldo) {
 #if QW_HAVE_X86
+    if (qw_use_avx512()) {
+        silu_mul_rows_avx512(gate, ldg, up, ldu, rows, cols, out, ldo);
+        return;
+    }
     if (qw_use_avx2()) {
         silu_mul_rows_avx2(gate, ldg, up, ldu, rows, cols, out, ldo);
         return;
