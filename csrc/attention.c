@@ -48,43 +48,33 @@ static void store_row(const float *src, int64_t n, int kv_type, void *pool, size
     for (int64_t i = 0; i < n; i++) dst[i] = qw_f32_to_f16(src[i]);
 }
 
-/* Row t's key and value for kv head h into their slot. */
-static void kv_write_one(const float *k, const float *v, int64_t t, int64_t h, int64_t n_kv_heads, int64_t hd,
-                         const int64_t *slots, int64_t n_blocks, int64_t bs, int kv_type, void *Kc, void *Vc, int simd) {
-    int64_t blk = slots[t] / bs, off = slots[t] % bs;
-    size_t head = (size_t)(h * n_blocks + blk) * (size_t)(bs * hd);
-    store_row(v + (t * n_kv_heads + h) * hd, hd, kv_type, Vc, head + (size_t)(off * hd), simd);
-    /* a key goes down a column of its block: dimension i at row i */
-    const float *kt = k + (t * n_kv_heads + h) * hd;
-    if (kv_type == QW_KV_F32) {
-        for (int64_t i = 0; i < hd; i++) ((float *)Kc)[head + (size_t)(i * bs + off)] = kt[i];
-        return;
-    }
-    uint16_t row[256]; /* converted as a row (the same bits, on the SIMD path), then put down the column */
-    for (int64_t i0 = 0; i0 < hd; i0 += 256) {
-        const int64_t n = hd - i0 < 256 ? hd - i0 : 256;
-        store_row(kt + i0, n, kv_type, row, 0, simd);
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)Kc)[head + (size_t)((i0 + i) * bs + off)] = row[i];
-    }
-}
-
 void qw_kv_write_row(const float *k, const float *v, int64_t t, int64_t n_kv_heads, int64_t hd, const int64_t *slots,
                      int64_t n_blocks, int64_t bs, int kv_type, void *Kc, void *Vc) {
     const int simd = qw_use_avx2();
-    for (int64_t h = 0; h < n_kv_heads; h++) kv_write_one(k, v, t, h, n_kv_heads, hd, slots, n_blocks, bs, kv_type, Kc, Vc, simd);
+    const int64_t blk = slots[t] / bs, off = slots[t] % bs;
+    for (int64_t h = 0; h < n_kv_heads; h++) {
+        const size_t head = (size_t)(h * n_blocks + blk) * (size_t)(bs * hd);
+        store_row(v + (t * n_kv_heads + h) * hd, hd, kv_type, Vc, head + (size_t)(off * hd), simd);
+        /* a key goes down a column of its block: dimension i at row i */
+        const float *kt = k + (t * n_kv_heads + h) * hd;
+        if (kv_type == QW_KV_F32) {
+            for (int64_t i = 0; i < hd; i++) ((float *)Kc)[head + (size_t)(i * bs + off)] = kt[i];
+            continue;
+        }
+        uint16_t row[256]; /* converted as a row (the same bits, on the SIMD path), then put down the column */
+        for (int64_t i0 = 0; i0 < hd; i0 += 256) {
+            const int64_t n = hd - i0 < 256 ? hd - i0 : 256;
+            store_row(kt + i0, n, kv_type, row, 0, simd);
+            for (int64_t i = 0; i < n; i++) ((uint16_t *)Kc)[head + (size_t)((i0 + i) * bs + off)] = row[i];
+        }
+    }
 }
 
 void qw_kv_write(const float *k, const float *v, int64_t T, int64_t n_kv_heads, int64_t hd,
                  const int64_t *slots, int64_t n_blocks, int64_t bs, int kv_type, void *Kc, void *Vc) {
-    int simd = qw_use_avx2();
-    /* every (row, kv head) writes its own slot: a prompt's rows split over the threads */
-    if (T * n_kv_heads * hd >= 65536) {
-#pragma omp parallel for num_threads(qw_get_threads()) schedule(static)
-        for (int64_t th = 0; th < T * n_kv_heads; th++)
-            kv_write_one(k, v, th / n_kv_heads, th % n_kv_heads, n_kv_heads, hd, slots, n_blocks, bs, kv_type, Kc, Vc, simd);
-    } else
-        for (int64_t th = 0; th < T * n_kv_heads; th++)
-            kv_write_one(k, v, th / n_kv_heads, th % n_kv_heads, n_kv_heads, hd, slots, n_blocks, bs, kv_type, Kc, Vc, simd);
+    /* every row writes its own slots: a prompt's rows split over the threads */
+#pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (T * n_kv_heads * hd >= 65536)
+    for (int64_t t = 0; t < T; t++) qw_kv_write_row(k, v, t, n_kv_heads, hd, slots, n_blocks, bs, kv_type, Kc, Vc);
 }
 
 /* One kv head's keys or values in a block, as float32: the pool itself when it holds float32,

@@ -14,9 +14,11 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define QW_HAVE_X86 1
 #define QW_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define QW_TARGET_AVX512F __attribute__((target("avx2,fma,f16c,avx512f")))
 #else
 #define QW_HAVE_X86 0
 #define QW_TARGET_AVX2
+#define QW_TARGET_AVX512F
 #endif
 
 /* 1 when the AVX2 path is both supported by this CPU and enabled. */

@@ -12,19 +12,14 @@ static void add_into(float *x, const float *y, int64_t n) {
 /* q and k rotated, then k and v stored in the cache: per token, all in one pass over the threads
  * (three passes, each alone on one thread below a prompt's size, were 1.5% of a 16-row decode
  * step, most of it the cache lines of the keys' columns). */
-static void rope_and_store_row(const qw_stack *s, const qw_layer *L, int64_t t, const int64_t *slots) {
-    const int64_t hd = s->head_dim, H = s->heads, Hkv = s->kv_heads;
-    qw_rope_row(s->q + t * H * hd, H, hd, s->rope + t * hd);
-    qw_rope_row(s->k + t * Hkv * hd, Hkv, hd, s->rope + t * hd);
-    qw_kv_write_row(s->k, s->v, t, Hkv, hd, slots, s->n_blocks, s->bs, s->kv_type, L->Kc, L->Vc);
-}
-
 static void rope_and_store(const qw_stack *s, const qw_layer *L, int64_t T, const int64_t *slots) {
-    if (T >= 2 && T * (s->heads + s->kv_heads) * s->head_dim >= 8192) {
-#pragma omp parallel for num_threads(qw_get_threads()) schedule(static)
-        for (int64_t t = 0; t < T; t++) rope_and_store_row(s, L, t, slots);
-    } else
-        for (int64_t t = 0; t < T; t++) rope_and_store_row(s, L, t, slots);
+    const int64_t hd = s->head_dim, H = s->heads, Hkv = s->kv_heads;
+#pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (T >= 2 && T * (H + Hkv) * hd >= 8192)
+    for (int64_t t = 0; t < T; t++) {
+        qw_rope_row(s->q + t * H * hd, H, hd, s->rope + t * hd);
+        qw_rope_row(s->k + t * Hkv * hd, Hkv, hd, s->rope + t * hd);
+        qw_kv_write_row(s->k, s->v, t, Hkv, hd, slots, s->n_blocks, s->bs, s->kv_type, L->Kc, L->Vc);
+    }
 }
 
 int qw_forward_layers(const qw_stack *s, const qw_layer *layers, int n, int64_t T, const int64_t *pos,

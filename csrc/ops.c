@@ -23,27 +23,19 @@ static void rmsnorm_row(const float *xr, const float *w, float eps, int64_t D, f
 
 void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out) {
     /* split from a few thousand values (a batched decode step's rows) */
-    if (M >= 2 && M * D >= 4096) {
-#pragma omp parallel for num_threads(qw_get_threads()) schedule(static)
-        for (int64_t r = 0; r < M; r++) rmsnorm_row(x + r * D, w, eps, D, out + r * D);
-    } else
-        for (int64_t r = 0; r < M; r++) rmsnorm_row(x + r * D, w, eps, D, out + r * D);
-}
-
-/* x's row += y's row, then its rmsnorm. */
-static void add_rmsnorm_row(float *xr, const float *yr, const float *w, float eps, int64_t D, float *o) {
-    for (int64_t i = 0; i < D; i++) xr[i] = xr[i] + yr[i];
-    rmsnorm_row(xr, w, eps, D, o);
+#pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (M >= 2 && M * D >= 4096)
+    for (int64_t r = 0; r < M; r++) rmsnorm_row(x + r * D, w, eps, D, out + r * D);
 }
 
 void qw_add_rmsnorm(float *x, const float *y, const float *w, float eps, int64_t M, int64_t D, float *out) {
     /* the residual add on the norm's threads, row by row: alone it ran on one thread, reading
      * y from the cache of whichever core wrote it (0.8% of a 16-row decode step) */
-    if (M >= 2 && M * D >= 4096) {
-#pragma omp parallel for num_threads(qw_get_threads()) schedule(static)
-        for (int64_t r = 0; r < M; r++) add_rmsnorm_row(x + r * D, y + r * D, w, eps, D, out + r * D);
-    } else
-        for (int64_t r = 0; r < M; r++) add_rmsnorm_row(x + r * D, y + r * D, w, eps, D, out + r * D);
+#pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (M >= 2 && M * D >= 4096)
+    for (int64_t r = 0; r < M; r++) {
+        float *xr = x + r * D;
+        for (int64_t i = 0; i < D; i++) xr[i] = xr[i] + y[r * D + i];
+        rmsnorm_row(xr, w, eps, D, out + r * D);
+    }
 }
 
 void qw_rope_table(int64_t T, int64_t hd, const int64_t *pos, const float *inv_freq, float mscale, float *cs) {

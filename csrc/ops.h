@@ -4,8 +4,8 @@
 
 #include <stdint.h>
 
-/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for M rows of D. Sums in double, so the result
- * does not depend on the order of accumulation. out may alias x. */
+/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for M rows of D. Sums in double, in one fixed
+ * order on every path. out may alias x. */
 void qw_rmsnorm(const float *x, const float *w, float eps, int64_t M, int64_t D, float *out);
 /* x += y (as numpy's float32 add), then out = rmsnorm(x): qw_rmsnorm's bits. */
 void qw_add_rmsnorm(float *x, const float *y, const float *w, float eps, int64_t M, int64_t D, float *out);
