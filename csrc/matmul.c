@@ -262,18 +262,11 @@ static const float no_bias[16];
 /* count rows of a kernel's outputs (row i at res + i * ld, `rows` <= 16 of them) into y (row i at
  * y + i * ldy), each plus its bias b (or no_bias). */
 static void put_rows(float *y, int64_t ldy, const float *b, int rows, const float *res, int64_t ld, int64_t count) {
-    for (int64_t i = 0; i < count; i++) {
-        float *restrict yi = y + i * ldy;
-        const float *restrict s = res + i * ld;
-        for (int r = 0; r < rows; r++) yi[r] = s[r] + b[r];
-    }
+    qw_add_rows(res, ld, b, count, rows, y, ldy);
 }
 
 /* The same in place: count rows of 16 outputs, ld apart, each plus its bias b. */
-static void add_bias16(float *res, int64_t ld, const float *b, int64_t count) {
-    for (int64_t i = 0; i < count; i++)
-        for (int r = 0; r < 16; r++) res[i * ld + r] = res[i * ld + r] + b[r];
-}
+static void add_bias16(float *res, int64_t ld, const float *b, int64_t count) { qw_add_rows(res, ld, b, count, 16, res, ld); }
 
 /* A kernel's outputs for act rows m .. m + count - 1 and weight rows g0 .. g0 + rows - 1 into Y. */
 static void put_outputs(const qw_product *p, int64_t m, int64_t count, int64_t g0, int rows, const float *res,

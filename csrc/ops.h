@@ -21,6 +21,9 @@ void qw_rope_apply(float *x, int64_t T, int64_t H, int64_t hd, const float *cs);
 /* One token's H heads rotated with its row c of the table. */
 void qw_rope_row(float *x, int64_t H, int64_t hd, const float *c);
 
+/* y[i * ldy + r] = res[i * ld + r] + b[r] for i < rows, r < cols (y may be res). */
+void qw_add_rows(const float *res, int64_t ld, const float *b, int64_t rows, int cols, float *y, int64_t ldy);
+
 /* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias gate. */
 void qw_silu_mul(const float *gate, const float *up, int64_t n, float *out);
 /* The same for a block of rows: out[m * ldo + c] = silu(gate[m * ldg + c]) * up[m * ldu + c] for
