@@ -452,22 +452,23 @@ R8_TARGET INLINE void block_product(const int T, const int BITS, const int BF, c
  * at Y's row stride, made the 1.5B's gate and up products 26% slower than writing them to out
  * and copying after. */
 R8_TARGET INLINE void product_amx(const int T, const int BITS, const int BF, const uint8_t *g0, const uint8_t *g1,
-                                  int64_t K, const uint8_t *xa, size_t astride, int64_t n, uint8_t *work, float *out) {
-    float *macc = (float *)(work + CHUNK * WORK_BLOCK);
+                                  const uint8_t *xa, size_t astride, int64_t n, uint8_t *work, float *out,
+                                  float *macc, int64_t b_lo, int64_t b_hi, int flags) {
     use_config((BF ? 2 : 0) + (T == QW_Q6_K ? 1 : 0));
-    memset(out, 0, (size_t)n * 256 * sizeof(float));
-    if (HAS_MIN(T)) memset(macc, 0, (size_t)n * 256 * sizeof(float));
+    if (flags & QW_AMX_FIRST) {
+        memset(out, 0, (size_t)n * 256 * sizeof(float));
+        if (HAS_MIN(T)) memset(macc, 0, (size_t)n * 256 * sizeof(float));
+    }
     __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
     if (BF) bf16_code_table(T, &lo, &hi);
-    const int64_t nblocks = K / 32;
-    for (int64_t b0 = 0; b0 < nblocks; b0 += CHUNK) {
-        const int nb = nblocks - b0 < CHUNK ? (int)(nblocks - b0) : CHUNK;
+    for (int64_t b0 = b_lo; b0 < b_hi; b0 += CHUNK) {
+        const int nb = b_hi - b0 < CHUNK ? (int)(b_hi - b0) : CHUNK;
         unpack_groups(T, BF, g0, g1, b0, nb, lo, hi, work);
         for (int64_t j = 0; j < n; j++)
             block_product(T, BITS, BF, xa + (size_t)j * astride, b0, nb, work, out + 256 * j, macc + 256 * j);
     }
     _tile_release();
-    if (HAS_MIN(T))
+    if (HAS_MIN(T) && (flags & QW_AMX_LAST))
         for (int64_t i = 0; i < 16 * n; i++) {
             const __m512 a = _mm512_loadu_ps(out + 16 * i), mm = _mm512_loadu_ps(macc + 16 * i);
             _mm512_storeu_ps(out + 16 * i, T == QW_Q4_1 || T == QW_Q5_1 ? _mm512_add_ps(a, mm) : _mm512_sub_ps(a, mm));
@@ -475,18 +476,20 @@ R8_TARGET INLINE void product_amx(const int T, const int BITS, const int BF, con
 }
 
 #define AMX(T, NAME, BITS)                                                                                      \
-    R8_TARGET static void amx_##NAME##_##BITS(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa, \
-                                              size_t astride, int64_t n, uint8_t *work, float *out) {          \
-        product_amx(T, BITS, 0, g0, g1, K, xa, astride, n, work, out);                                          \
+    R8_TARGET static void amx_##NAME##_##BITS(const uint8_t *g0, const uint8_t *g1, const uint8_t *xa,            \
+                                              size_t astride, int64_t n, uint8_t *work, float *out, float *macc, \
+                                              int64_t b0, int64_t b1, int flags) {                              \
+        product_amx(T, BITS, 0, g0, g1, xa, astride, n, work, out, macc, b0, b1, flags);                        \
     }
 #define AMXS(T, NAME) AMX(T, NAME, 8) AMX(T, NAME, 16)
 R8_TYPES(AMXS)
 
 /* The 16-bit kernels on bf16 tiles, for BF16_TYPES. */
 #define AMXB(T, NAME)                                                                                           \
-    R8_TARGET static void amxb_##NAME(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa,         \
-                                      size_t astride, int64_t n, uint8_t *work, float *out) {                  \
-        product_amx(T, 16, 1, g0, g1, K, xa, astride, n, work, out);                                            \
+    R8_TARGET static void amxb_##NAME(const uint8_t *g0, const uint8_t *g1, const uint8_t *xa, size_t astride,     \
+                                      int64_t n, uint8_t *work, float *out, float *macc, int64_t b0, int64_t b1, \
+                                      int flags) {                                                              \
+        product_amx(T, 16, 1, g0, g1, xa, astride, n, work, out, macc, b0, b1, flags);                          \
     }
 BF16_TYPES(AMXB)
 

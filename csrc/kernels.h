@@ -65,15 +65,22 @@ void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bits, int bf
 
 /* The AMX product (intdot_amx.c) of n AMX blocks (block j at xa + j * astride, 16 act rows each)
  * with the 16 rows of two repacked groups g0 and g1 (g1 NULL when there is only one: outputs
- * 8-15 are then not meaningful): out[(16 j + m) * 16 + r] for act row m of block j, r < 8 from
- * g0, r >= 8 from g1 (out 64-byte aligned); the same bits as the other kernels' outputs for those
- * rows. The groups are unpacked into `work` (QW_AMX_WORK(n) bytes, 64-byte aligned) a few blocks
- * at a time, once for all n blocks. */
+ * 8-15 are then not meaningful), over K's 32-value blocks b0 .. b1 - 1: out[(16 j + m) * 16 + r]
+ * for act row m of block j, r < 8 from g0, r >= 8 from g1 (out 64-byte aligned); the same bits as
+ * the other kernels' outputs for those rows. The groups are unpacked into `work` (QW_AMX_WORK(n)
+ * bytes, 64-byte aligned) a few blocks at a time, once for all n blocks. A product may be cut
+ * into runs of blocks, one call each, with the same bits as one call over all of K (each
+ * output's sums are continued in block order): QW_AMX_FIRST starts out and macc (the min sums of
+ * the types that have mins, n * 256 floats, 64-byte aligned) at zero, else the call continues
+ * them; QW_AMX_LAST takes the mins off out at the end. */
 #define QW_AMX_CHUNK 8        /* blocks unpacked at a time */
 #define QW_AMX_WORK_BLOCK 1216 /* bytes of one unpacked block: tile B (up to 1 KiB), then 3 x 16 floats */
 #define QW_AMX_WORK(n) ((size_t)QW_AMX_CHUNK * QW_AMX_WORK_BLOCK + (size_t)(n) * 1024) /* and n min sums */
-typedef void (*qw_amx_fn)(const uint8_t *g0, const uint8_t *g1, int64_t K, const uint8_t *xa, size_t astride,
-                          int64_t n, uint8_t *work, float *out);
+#define QW_AMX_MACC(work) ((float *)((work) + (size_t)QW_AMX_CHUNK * QW_AMX_WORK_BLOCK)) /* their place */
+#define QW_AMX_FIRST 1
+#define QW_AMX_LAST 2
+typedef void (*qw_amx_fn)(const uint8_t *g0, const uint8_t *g1, const uint8_t *xa, size_t astride, int64_t n,
+                          uint8_t *work, float *out, float *macc, int64_t b0, int64_t b1, int flags);
 qw_amx_fn qw_amx_kernel_x86(int dtype, int bits);
 /* The AMX kernel for a stored type when the AMX path is taken (cpu.h), else NULL. */
 qw_amx_fn qw_amx_kernel(int dtype, int bits);

@@ -37,6 +37,8 @@ static _Thread_local uint8_t *pair_buf;
 static _Thread_local size_t pair_cap;
 static _Thread_local void *amx_buf;
 static _Thread_local size_t amx_cap;
+static _Thread_local float *sum_buf;
+static _Thread_local size_t sum_cap;
 
 static void *grow(void *buf, size_t *cap, size_t need) {
     if (need <= *cap) return buf;
@@ -179,6 +181,10 @@ typedef struct plan {
     int vertical;         /* idot is a vertical kernel: the act rows are in blocks of 8 */
     qw_amx_fn amx;        /* the AMX product for whole blocks of 16 act rows, or NULL */
     size_t amx_block;     /* with amx: bytes per AMX block; the act rows past the blocks are plain */
+    float *sums;          /* with amx over K in passes: the AMX sums kept between passes (pair g's for
+                           * act block j at sums + (g * sum_blocks + j) * 256), then the min sums */
+    int64_t sum_blocks;   /* act blocks of M */
+    size_t sum_half;      /* floats from a sum to its min sum */
     size_t stride;        /* bytes per stored row; per 8-row group when repacked */
     int64_t rows;         /* rows per item */
     int64_t first;        /* index of the product's first item in the group */
@@ -286,13 +292,20 @@ static const uint8_t *item_groups(const plan *pl, int64_t n0, int64_t nb, int64_
     return pack;
 }
 
+/* One pass of the integer items over K's blocks b0 .. b1 (all of K but for a product that goes
+ * over K in passes: run_group), with the AMX kernels' QW_AMX_FIRST / QW_AMX_LAST. */
+typedef struct {
+    int64_t b0, b1;
+    int flags;
+} kpass;
+
 /* Integer path: rows n0 .. n0 + nb (whole groups of 8 but for the matrix's last rows) against
  * act rows m0 .. m1, QW_R8_MAX_M at a time, all the item's groups for one 16-row block before
  * the next block (which then comes from L2 for every group). Stored weights are repacked into
  * `pack` first, the whole item at once. Neither order nor blocking changes a result: each output
  * is one kernel call's, for the same 16-row block, whatever the order. */
 static void product_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const uint8_t *xq, size_t xstride,
-                         int64_t m0, int64_t m1, uint8_t *pack, uint8_t *amx) {
+                         int64_t m0, int64_t m1, uint8_t *pack, uint8_t *amx, const kpass *ks) {
     const qw_product *p = pl->p;
     size_t gb = qw_r8_group_bytes(pl->base, K);
     float out[QW_R8_MAX_M * 8];
@@ -301,16 +314,21 @@ static void product_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, cons
         /* the round's whole 16-row blocks: two groups at a time, each pair unpacked once for all
          * of them (xq holds the AMX blocks, then the plain rows of a short last block) */
         const int64_t nblk = (m1 - m0) / 16;
-        float *res = (float *)(amx + QW_AMX_WORK(nblk));
         for (int64_t g0 = n0; g0 < n0 + nb; g0 += 16) {
             int rows = n0 + nb - g0 < 16 ? (int)(n0 + nb - g0) : 16;
             const uint8_t *ga = groups + (size_t)((g0 - n0) / 8) * gb;
-            pl->amx(ga, rows > 8 ? ga + gb : NULL, K, xq + (size_t)(m0 / 16) * pl->amx_block, pl->amx_block, nblk,
-                    amx, res);
-            put_outputs(p, m0, 16 * nblk, g0, rows, res, 16);
+            float *res = (float *)(amx + QW_AMX_WORK(nblk)), *macc = QW_AMX_MACC(amx);
+            if (pl->sums) {
+                res = pl->sums + ((size_t)(g0 / 16) * (size_t)pl->sum_blocks + (size_t)(m0 / 16)) * 256;
+                macc = res + pl->sum_half;
+            }
+            pl->amx(ga, rows > 8 ? ga + gb : NULL, xq + (size_t)(m0 / 16) * pl->amx_block, pl->amx_block, nblk, amx,
+                    res, macc, ks->b0, ks->b1, ks->flags);
+            if (ks->flags & QW_AMX_LAST) put_outputs(p, m0, 16 * nblk, g0, rows, res, 16);
         }
         m0 += 16 * nblk;
     }
+    if (!(ks->flags & QW_AMX_FIRST)) return; /* the other rows go in the first pass, over all of K */
     for (int64_t m = m0; m < m1; m += QW_R8_MAX_M) {
         int64_t mb = m1 - m < QW_R8_MAX_M ? m1 - m : QW_R8_MAX_M;
         const uint8_t *x = xq + (size_t)(pl->pairs ? m / 2 : pl->vertical ? m / 8 : m) * xstride;
@@ -334,6 +352,7 @@ static void gated_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const 
     const plan *up = pl->mate;
     const qw_product *p = pl->p, *q = up->p;
     const int64_t N = p->N;
+    const kpass whole = {0, K / 32, QW_AMX_FIRST | QW_AMX_LAST};
     if (m1 - m0 >= 16) {
         const size_t gb = qw_r8_group_bytes(pl->base, K), ub = qw_r8_group_bytes(up->base, K);
         const uint8_t *gg = item_groups(pl, n0, nb, K, pack), *gu = item_groups(up, n0, nb, K, pack + gb * (size_t)(nb / 8));
@@ -342,8 +361,8 @@ static void gated_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const 
         const uint8_t *xa = xq + (size_t)(m0 / 16) * pl->amx_block;
         for (int64_t g0 = n0; g0 < n0 + nb; g0 += 16) {
             const uint8_t *a = gg + (size_t)((g0 - n0) / 8) * gb, *b = gu + (size_t)((g0 - n0) / 8) * ub;
-            pl->amx(a, a + gb, K, xa, pl->amx_block, nblk, amx, res);
-            up->amx(b, b + ub, K, xa, up->amx_block, nblk, amx, ures);
+            pl->amx(a, a + gb, xa, pl->amx_block, nblk, amx, res, QW_AMX_MACC(amx), 0, K / 32, whole.flags);
+            up->amx(b, b + ub, xa, up->amx_block, nblk, amx, ures, QW_AMX_MACC(amx), 0, K / 32, whole.flags);
             /* the biases added where the outputs are, and silu(gate) * up written to Y once
              * (the gate's outputs put into Y and read back cost a pass over Y's lines) */
             add_bias16(res, 16, p->bias ? p->bias + g0 : no_bias, 16 * nblk);
@@ -353,18 +372,18 @@ static void gated_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const 
         m0 += 16 * nblk;
     }
     if (m0 < m1) {
-        product_item(pl, n0, nb, K, xq, xstride, m0, m1, pack, amx);
-        product_item(up, n0, nb, K, xq, xstride, m0, m1, pack, amx);
+        product_item(pl, n0, nb, K, xq, xstride, m0, m1, pack, amx, &whole);
+        product_item(up, n0, nb, K, xq, xstride, m0, m1, pack, amx, &whole);
         qw_silu_mul_rows(p->Y + m0 * N + n0, N, q->Y + m0 * N + n0, N, m1 - m0, nb, p->Y + m0 * N + n0, N);
     }
 }
 
 static void int_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const uint8_t *xq, size_t xstride, int64_t m0,
-                     int64_t m1, uint8_t *pack, uint8_t *amx) {
+                     int64_t m1, uint8_t *pack, uint8_t *amx, const kpass *ks) {
     if (pl->mate)
         gated_item(pl, n0, nb, K, xq, xstride, m0, m1, pack, amx);
     else
-        product_item(pl, n0, nb, K, xq, xstride, m0, m1, pack, amx);
+        product_item(pl, n0, nb, K, xq, xstride, m0, m1, pack, amx, ks);
 }
 
 /* Act rows per round of the integer path: every weight row of the group passes one round's act
@@ -437,18 +456,36 @@ static int stored_type(int dtype) { return dtype >= QW_R8 ? dtype - QW_R8 : dtyp
  * for Q6_K, whose four tile stores per block become two. */
 #define BF16_MIN_ROUND_ROWS 64
 
-/* Whether a group's 16-bit act rows go on bf16 tiles (the path has AMX-BF16): only when every
- * integer product in it has a bf16 kernel, since the act rows are laid out once, in one form,
- * for all of them. */
-static int group_takes_bf16(const qw_product *p, int count, int64_t K, int act) {
-    int all_q6k = 1;
+/* Whether every integer product of a group has a bf16 AMX kernel (the path has AMX-BF16): the
+ * act rows are laid out once, in one form, for all of them. *all_q6k: all of them are Q6_K. */
+static int group_has_bf16(const qw_product *p, int count, int act, int *all_q6k) {
+    *all_q6k = 1;
     for (int i = 0; i < count; i++) {
         int base = stored_type(p[i].dtype);
         if (!qw_r8_kernel(base, act)) continue; /* a float-path product */
         if (!qw_amx_kernel_bf16(base)) return 0;
-        if (base != QW_Q6_K) all_q6k = 0;
+        if (base != QW_Q6_K) *all_q6k = 0;
     }
-    return all_q6k || (size_t)(K / 32) * QW_AMX_ACT_BLOCK_BF16 / 16 * BF16_MIN_ROUND_ROWS <= qw_act_round_bytes();
+    return 1;
+}
+
+/* K's blocks per pass of an AMX product. A round holds all of K for its act rows, so where K is
+ * long the rounds were short: the 1.5B model's down projection (K = 8960) had rounds of 32 rows
+ * for its Q6_K matrices on bf16 tiles (64 on int8 tiles for Q4_K), each weight block unpacked
+ * again for every 2 act blocks, and ran at 70-75% of the rate of its gate and up products. From
+ * 64 act rows such a product goes over K in passes instead, each a round of PASS_ROWS rows of a
+ * K segment (the same bytes), with the kernels' sums kept between passes (2 x 4 bytes an output,
+ * in the calling thread's buffer). The sums are continued block by block, as in one pass. */
+#define PASS_ROWS 128
+
+static int64_t pass_blocks(int64_t kb, size_t per, int64_t M) {
+    const int64_t want = M / 16 * 16 < PASS_ROWS ? M / 16 * 16 : PASS_ROWS;
+    if (want < 64) return kb;
+    int64_t fit = (int64_t)(qw_act_round_bytes() / (per / 16 * (size_t)want));
+    if (fit >= kb) return kb;
+    if (fit < QW_AMX_CHUNK) fit = QW_AMX_CHUNK;
+    const int64_t passes = (kb + fit - 1) / fit, seg = (kb + passes - 1) / passes;
+    return (seg + QW_AMX_CHUNK - 1) / QW_AMX_CHUNK * QW_AMX_CHUNK; /* whole chunks of unpacking */
 }
 
 /* swiglu: p[0] and p[1] (count 2) are an MLP's gate and up products, and silu(gate) * up goes into
@@ -463,7 +500,12 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
      * act rows go in pairs where the SIMD path has pair kernels */
     int amx = act && M >= 16 && qw_amx_kernel(QW_Q8_0, act) != NULL;
     int pairs = !amx && act && M >= 2 && qw_r8_kernel_pairs(QW_Q8_0, act) != NULL;
-    int bf16 = amx && act == 16 && group_takes_bf16(p, count, K, act);
+    int all_q6k = 0, has_bf16 = amx && act == 16 && group_has_bf16(p, count, act, &all_q6k);
+    /* a fused SwiGLU group's items write silu(gate) * up when done, so it goes over K at once */
+    const int64_t kb = K / 32,
+                  seg = amx && !swiglu ? pass_blocks(kb, has_bf16 ? QW_AMX_ACT_BLOCK_BF16 : QW_AMX_ACT_BLOCK(act), M) : kb,
+                  passes = seg < kb ? (kb + seg - 1) / seg : 1;
+    int bf16 = has_bf16 && (all_q6k || (size_t)seg * QW_AMX_ACT_BLOCK_BF16 / 16 * BF16_MIN_ROUND_ROWS <= qw_act_round_bytes());
     /* or as vertical blocks of joined rows, where they pay (same bits either way) */
     int vertical = !amx && !pairs && act == 16 && qw_vertical_pays(M);
     for (int i = 0; i < count; i++) {
@@ -508,7 +550,26 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
         count = 1;
         pack_bytes *= 2;
     }
-    int64_t round_rows = xq ? act_round_rows(amx ? amx_block / 16 : pairs ? xstride / 2 : vertical ? xstride / 8 : xstride, M) : M;
+    int64_t round_rows = !xq ? M
+                         : act_round_rows(amx ? (size_t)seg * (bf16 ? QW_AMX_ACT_BLOCK_BF16 : QW_AMX_ACT_BLOCK(act)) / 16
+                                          : pairs ? xstride / 2 : vertical ? xstride / 8 : xstride, M);
+    size_t sum_floats = 0;
+    for (int i = 0; i < count; i++) {
+        pl[i].sums = NULL;
+        pl[i].sum_blocks = M / 16;
+        pl[i].sum_half = (size_t)((p[i].N + 15) / 16) * (size_t)(M / 16) * 256;
+        if (passes > 1 && pl[i].amx) sum_floats += 2 * pl[i].sum_half;
+    }
+    if (sum_floats) {
+        float *b = grow(sum_buf, &sum_cap, sum_floats * sizeof(float));
+        if (!b) return QW_ENOMEM;
+        sum_buf = b;
+        for (int i = 0; i < count; i++)
+            if (pl[i].amx) {
+                pl[i].sums = b;
+                b += 2 * pl[i].sum_half;
+            }
+    }
     int64_t rounds = round_items ? (M + round_rows - 1) / round_rows : 0;
     /* each thread's AMX work area: two groups unpacked, then a round's outputs for them */
     size_t amx_bytes = amx ? QW_AMX_WORK(round_rows / 16) + (size_t)(fused ? 2 : 1) * round_rows * 16 * sizeof(float) : 0;
@@ -524,30 +585,34 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
 #pragma omp atomic write
             failed = 1;
         }
+        for (int64_t s = 0; s < passes; s++) {
+            const kpass ks = {s * seg, (s + 1) * seg < kb ? (s + 1) * seg : kb,
+                              (s == 0 ? QW_AMX_FIRST : 0) | (s == passes - 1 ? QW_AMX_LAST : 0)};
 #pragma omp for schedule(guided, 1)
-        for (int64_t it = 0; it < items; it++) {
-            if (!ok) continue;
-            int is_int = it >= float_items;
-            int64_t w = is_int ? (it - float_items) % round_items : it;
-            int i = product_of(pl, count, is_int, w);
-            int64_t n0 = (w - pl[i].first) * pl[i].rows;
-            int64_t nb = p[i].N - n0 < pl[i].rows ? p[i].N - n0 : pl[i].rows;
-            if (is_int) {
-                /* the last round (the short one when M is not a multiple of the rounds) comes
-                 * first: the guided loop's first share is half the items, and when it held the
-                 * long rounds only, the other thread ran out of items and waited for it (the
-                 * demo's 128-row up projection, rounds of 48, 48 and 32 rows: 11% of both
-                 * threads' time in the barrier) */
-                int64_t m0 = ((it - float_items) / round_items + rounds - 1) % rounds * round_rows;
-                int_item(&pl[i], n0, nb, K, xq, xstride, m0, M - m0 < round_rows ? M : m0 + round_rows, pack, amxw);
-            } else if (M <= SMALL_M && !pl[i].repacked)
-                float_item_small(&pl[i], n0, nb, K, X, M, T);
+            for (int64_t it = s == 0 ? 0 : float_items; it < items; it++) {
+                if (!ok) continue;
+                int is_int = it >= float_items;
+                int64_t w = is_int ? (it - float_items) % round_items : it;
+                int i = product_of(pl, count, is_int, w);
+                int64_t n0 = (w - pl[i].first) * pl[i].rows;
+                int64_t nb = p[i].N - n0 < pl[i].rows ? p[i].N - n0 : pl[i].rows;
+                if (is_int) {
+                    /* the last round (the short one when M is not a multiple of the rounds) comes
+                     * first: the guided loop's first share is half the items, and when it held the
+                     * long rounds only, the other thread ran out of items and waited for it (the
+                     * demo's 128-row up projection, rounds of 48, 48 and 32 rows: 11% of both
+                     * threads' time in the barrier) */
+                    int64_t m0 = ((it - float_items) / round_items + rounds - 1) % rounds * round_rows;
+                    int_item(&pl[i], n0, nb, K, xq, xstride, m0, M - m0 < round_rows ? M : m0 + round_rows, pack, amxw, &ks);
+                } else if (M <= SMALL_M && !pl[i].repacked)
+                    float_item_small(&pl[i], n0, nb, K, X, M, T);
 #if QW_HAVE_X86
-            else if (M <= SMALL_M && pl[i].base == QW_BF16 && qw_use_avx2())
-                float_item_groups(&pl[i], n0, nb, K, X, M);
+                else if (M <= SMALL_M && pl[i].base == QW_BF16 && qw_use_avx2())
+                    float_item_groups(&pl[i], n0, nb, K, X, M);
 #endif
-            else
-                float_item(&pl[i], n0, nb, K, X, M, T);
+                else
+                    float_item(&pl[i], n0, nb, K, X, M, T);
+            }
         }
     }
     if (failed) return QW_ENOMEM;

@@ -96,7 +96,10 @@ def test_long_prompts_go_through_the_act_rows_in_rounds(name, bits, simd, round_
     """A prompt's act rows beyond a round's bytes are multiplied round by round (all weight rows
     over one round's act rows, then the next round): with 1 MiB rounds 420 rows of K = 2048 make
     two 8-bit rounds and three 16-bit ones, the last shorter; with 64 KiB rounds, 14 of 32 rows
-    and 27 of 16 rows (the last of 4). Every row equals, bit for bit, that row multiplied alone, on stored and
+    and 27 of 16 rows (the last of 4). On the AMX paths, from 64 rows, a product whose rounds
+    would hold fewer than 128 rows of all of K goes over K in passes instead (here 2 passes with
+    1 MiB rounds of 16-bit rows on bf16 tiles, 4 to 8 with 64 KiB rounds), its sums kept between
+    them. Every row equals, bit for bit, that row multiplied alone, on stored and
     repacked weights, in a group of two products sharing the act rows; rows of each round
     against the exact dot of the reference weights."""
     N, K, M = 21, 2048, 420
