@@ -130,3 +130,28 @@ def test_shared_sequences_are_one_group_with_own_blocks(model_dirs):
     together = model.step([StepItem(s, p) for s, p in zip(seqs, prompts)])
     for row, p in zip(together, prompts):
         np.testing.assert_array_equal(row, model.forward(model.new_sequence(40), p))
+
+
+def test_a_steps_logits_stay_while_held_and_their_memory_is_reused_after(model_dirs):
+    """A step's logits are written into the last step's memory only when nothing holds that array
+    or any view of it: logits (or a row of them) kept by the caller keep their values through
+    later steps, and memory released is taken again; every logits array starts on a 64-byte line."""
+    model = qwenc.load(str(model_dirs["qwen2"]), dtype="q8_0", activations="int16", context=64, threads=2)
+    a, b = model.new_sequence(), model.new_sequence()
+    kept = model.step([StepItem(a, [1, 2, 3])])
+    want = kept.copy()
+    row = model.step([StepItem(b, [4, 5])])[0]  # only a view of the second step's logits is held
+    row_want = row.copy()
+    third = model.step([StepItem(a, [6])])
+    np.testing.assert_array_equal(kept, want)
+    np.testing.assert_array_equal(row, row_want)
+    assert not np.shares_memory(third, kept) and not np.shares_memory(third, row)
+    assert all(x.ctypes.data % 64 == 0 for x in (kept, row, third))
+    at = third.ctypes.data
+    del third
+    again = model.step([StepItem(b, [7])])
+    assert again.ctypes.data == at  # released, so reused
+    fresh = qwenc.load(str(model_dirs["qwen2"]), dtype="q8_0", activations="int16", context=64, threads=2)
+    c = fresh.new_sequence()
+    fresh.step([StepItem(c, [4, 5])])
+    np.testing.assert_array_equal(again, fresh.step([StepItem(c, [7])]))  # b's logits, as a new array holds them

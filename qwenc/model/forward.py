@@ -18,6 +18,7 @@ arithmetic whatever else the step holds, so a sequence's logits do not depend on
 batched with.
 """
 import os
+import sys
 import weakref
 from dataclasses import dataclass
 
@@ -223,6 +224,7 @@ class Transformer:
         self.inv_freq, self.rope_mscale = rope_frequencies(cfg)
         self.scale = float(1.0 / np.sqrt(hd))
         self._ws = None
+        self._logits_bytes = None  # the memory of the last step's logits (_logits_out)
         # Steps whose rows share one KV cache (every engine step, every single sequence) run
         # all their layers in one C call (_ops.forward_layers): the same kernels in the same
         # order as _block, without returning to Python between them. False runs _block's path.
@@ -361,7 +363,7 @@ class Transformer:
                 self._block(layer, li, ws, pos, groups)
         for it in items:
             it.seq.tokens.extend(int(t) for t in it.tokens)
-        logits = np.empty((len(wanted), cfg.vocab_size), np.float32)
+        logits = self._logits_out(len(wanted), cfg.vocab_size)
         if wanted:
             a = wanted[0]
             x = ws.x[a:a + len(wanted)] if wanted[-1] == a + len(wanted) - 1 else ws.x[wanted]  # a run: a view
@@ -369,6 +371,19 @@ class Transformer:
             _ops.rmsnorm(x, w.norm, cfg.rms_norm_eps, h)
             w.head(h, logits, self._act)
         return logits
+
+    def _logits_out(self, rows: int, vocab: int) -> np.ndarray:
+        """The step's logits array: in the last step's memory when nothing holds it any more (no
+        view of it is alive: every view refers to the bytes' array), else in new memory, 64-byte
+        aligned. A new 16 x 151,936 array for each step of 16 rows had its huge pages faulted in
+        and cleared every step, and at numpy's 16-byte alignment each 16-output piece that the
+        head's kernels write spanned two cache lines."""
+        held, n = self._logits_bytes, rows * vocab * 4
+        # references to held: the attribute, `held` and getrefcount's argument
+        if held is None or held.size != n + 64 or sys.getrefcount(held) > 3:
+            held = self._logits_bytes = np.empty(n + 64, np.uint8)
+        at = -held.ctypes.data % 64
+        return held[at:at + n].view(np.float32).reshape(rows, vocab)
 
     def _layer_stack(self, ws: Workspace, cache: KVCache):
         """The C view of every layer bound to ws's buffers and cache's pools. It is kept on the
