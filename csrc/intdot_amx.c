@@ -68,10 +68,13 @@ typedef struct {
 #define TILE_STORE(t, base, stride) \
     __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"((void *)(base)), "r"((long)(stride)) : "memory")
 
-/* Loaded at every call, and the tiles released at its end: another library in the process (a
- * second copy of these kernels, a BLAS with AMX) may configure the tiles of the same thread
- * between two calls, and a configuration remembered across calls then ran tile instructions on
- * the wrong shapes (an invalid-opcode fault). */
+/* Loaded at a call unless the thread's tiles hold it already, as read back from the tile unit
+ * (sttilecfg): another library in the process (a second copy of these kernels, a BLAS with AMX)
+ * may configure the tiles of the same thread between two calls, and a configuration remembered
+ * in a variable across calls then ran tile instructions on the wrong shapes (an invalid-opcode
+ * fault). Loading it at every call, and releasing the tiles after each, cost 5-10% of the
+ * demo's 16-row head product (K = 896: 28 blocks a call); the tiles are now released once a
+ * product, by qw_amx_release_x86. */
 static const tile_config configs[4] = {
     {.palette = 1, .colsb = {64, 64, 32, 32, 64}, .rows = {16, 16, 16, 16, 8}},
     {.palette = 1, .colsb = {64, 64, 64, 64, 16, 16, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 4, 4}},
@@ -79,7 +82,13 @@ static const tile_config configs[4] = {
     {.palette = 1, .colsb = {64, 64, 32, 32, 64, 64}, .rows = {16, 16, 16, 16, 8, 8}},
 };
 
-R8_TARGET static void use_config(int which) { __asm__ volatile("ldtilecfg %0" ::"m"(configs[which])); }
+R8_TARGET static void use_config(int which) {
+    _Alignas(64) tile_config now;
+    __asm__ volatile("sttilecfg %0" : "=m"(now));
+    if (memcmp(&now, &configs[which], sizeof now) != 0) __asm__ volatile("ldtilecfg %0" ::"m"(configs[which]));
+}
+
+R8_TARGET void qw_amx_release_x86(void) { _tile_release(); }
 
 /* ---------------------------------------------------------------- the product */
 
@@ -467,7 +476,6 @@ R8_TARGET INLINE void product_amx(const int T, const int BITS, const int BF, con
         for (int64_t j = 0; j < n; j++)
             block_product(T, BITS, BF, xa + (size_t)j * astride, b0, nb, work, out + 256 * j, macc + 256 * j);
     }
-    _tile_release();
     if (HAS_MIN(T) && (flags & QW_AMX_LAST))
         for (int64_t i = 0; i < 16 * n; i++) {
             const __m512 a = _mm512_loadu_ps(out + 16 * i), mm = _mm512_loadu_ps(macc + 16 * i);
@@ -522,6 +530,8 @@ qw_amx_fn qw_amx_kernel_bf16_x86(int dtype) {
     (void)dtype;
     return NULL;
 }
+
+void qw_amx_release_x86(void) {}
 
 void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bits, int bf16, uint8_t *dst) {
     (void)X;

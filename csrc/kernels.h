@@ -79,6 +79,9 @@ void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bits, int bf
 #define QW_AMX_MACC(work) ((float *)((work) + (size_t)QW_AMX_CHUNK * QW_AMX_WORK_BLOCK)) /* their place */
 #define QW_AMX_FIRST 1
 #define QW_AMX_LAST 2
+/* The calling thread's tiles released (back to their init state, which the OS need not save):
+ * after the AMX products of a matmul, each thread that ran them; the kernels leave them loaded. */
+void qw_amx_release_x86(void);
 typedef void (*qw_amx_fn)(const uint8_t *g0, const uint8_t *g1, const uint8_t *xa, size_t astride, int64_t n,
                           uint8_t *work, float *out, float *macc, int64_t b0, int64_t b1, int flags);
 qw_amx_fn qw_amx_kernel_x86(int dtype, int bits);

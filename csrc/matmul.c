@@ -614,6 +614,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
                     float_item(&pl[i], n0, nb, K, X, M, T);
             }
         }
+        if (amx) qw_amx_release_x86();
     }
     if (failed) return QW_ENOMEM;
     if (swiglu && !fused) qw_silu_mul(p[0].Y, p[1].Y, M * p[0].N, p[0].Y);

@@ -853,8 +853,9 @@ def test_matmul_prefill_extreme_codes_give_the_same_bits(name):
 def test_matmul_prefill_beside_another_copy_of_the_kernels(tmp_path):
     """A second copy of the kernels in the process (here _ops loaded again from a copy of its
     file; in use, any library with AMX) may set the tile configuration of the same thread between
-    two calls: each call loads its own. A configuration remembered across calls ran Q4_K's tiles
-    on the shapes another copy had set for Q6_K: wrong products, or an invalid-opcode fault."""
+    two calls: each call loads its own unless the tile unit holds it already (read back from it,
+    not remembered). A configuration remembered across calls ran Q4_K's tiles on the shapes
+    another copy had set for Q6_K: wrong products, or an invalid-opcode fault."""
     import importlib.util
     import shutil
     from qwenc import _ops
@@ -876,6 +877,26 @@ def test_matmul_prefill_beside_another_copy_of_the_kernels(tmp_path):
             y = np.empty((M, N), np.float32)
             mod.matmul(mats[name], CODE[name], N, K, x, y, None, 16)
             np.testing.assert_array_equal(y, alone[name])
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_a_group_of_types_with_other_tile_shapes_equals_its_products_alone(bits, simd):
+    """Q4_K, Q6_K and Q8_0 products in one group (a layer's q, k and v can be so): each thread
+    runs their AMX items one after another with the tiles left loaded between them, so each item
+    must see that the tile unit holds another type's shapes (Q6_K's 16-value groups take other
+    tiles) and load its own. Every output equals the product run alone, bit for bit."""
+    from qwenc import _ops
+    K, M = 512, 48
+    x = np.random.default_rng(9).standard_normal((M, K)).astype(np.float32)
+    mats = [(synthetic(name, n, K, seed=s).reshape(-1), CODE[name], n)
+            for name, n, s in (("Q4_K", 40, 1), ("Q6_K", 24, 2), ("Q8_0", 56, 3), ("Q6_K", 8, 4))]
+    for order in (mats, mats[::-1]):
+        outs = [np.full((M, n), np.nan, np.float32) for _, _, n in order]
+        _ops.matmul_group([(w, dt, n, o, None) for (w, dt, n), o in zip(order, outs)], x, bits)
+        for (w, dt, n), o in zip(order, outs):
+            want = np.empty((M, n), np.float32)
+            _ops.matmul(w, dt, n, K, x, want, None, bits)
+            np.testing.assert_array_equal(o, want)
 
 
 @pytest.mark.parametrize("bits", [8, 16])
