@@ -265,19 +265,11 @@ static void float_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const 
 /* Added where a product has no bias: + 0.0f, as on every path (it turns a -0.0 into +0.0). */
 static const float no_bias[16];
 
-/* count rows of a kernel's outputs (row i at res + i * ld, `rows` <= 16 of them) into y (row i at
- * y + i * ldy), each plus its bias b (or no_bias). */
-static void put_rows(float *y, int64_t ldy, const float *b, int rows, const float *res, int64_t ld, int64_t count) {
-    qw_add_rows(res, ld, b, count, rows, y, ldy);
-}
-
-/* The same in place: count rows of 16 outputs, ld apart, each plus its bias b. */
-static void add_bias16(float *res, int64_t ld, const float *b, int64_t count) { qw_add_rows(res, ld, b, count, 16, res, ld); }
-
-/* A kernel's outputs for act rows m .. m + count - 1 and weight rows g0 .. g0 + rows - 1 into Y. */
+/* A kernel's outputs (row i at res + i * ld, `rows` <= 16 of them) for act rows m .. m + count - 1
+ * and weight rows g0 .. g0 + rows - 1 into Y, each plus its bias (or no_bias). */
 static void put_outputs(const qw_product *p, int64_t m, int64_t count, int64_t g0, int rows, const float *res,
                         int64_t ld) {
-    put_rows(p->Y + m * p->N + g0, p->N, p->bias ? p->bias + g0 : no_bias, rows, res, ld, count);
+    qw_add_rows(res, ld, p->bias ? p->bias + g0 : no_bias, count, rows, p->Y + m * p->N + g0, p->N);
 }
 
 /* The repacked groups of rows n0 .. n0 + nb: in place, or repacked into pack. */
@@ -361,12 +353,12 @@ static void gated_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, const 
         const uint8_t *xa = xq + (size_t)(m0 / 16) * pl->amx_block;
         for (int64_t g0 = n0; g0 < n0 + nb; g0 += 16) {
             const uint8_t *a = gg + (size_t)((g0 - n0) / 8) * gb, *b = gu + (size_t)((g0 - n0) / 8) * ub;
-            pl->amx(a, a + gb, xa, pl->amx_block, nblk, amx, res, QW_AMX_MACC(amx), 0, K / 32, whole.flags);
-            up->amx(b, b + ub, xa, up->amx_block, nblk, amx, ures, QW_AMX_MACC(amx), 0, K / 32, whole.flags);
+            pl->amx(a, a + gb, xa, pl->amx_block, nblk, amx, res, QW_AMX_MACC(amx), whole.b0, whole.b1, whole.flags);
+            up->amx(b, b + ub, xa, up->amx_block, nblk, amx, ures, QW_AMX_MACC(amx), whole.b0, whole.b1, whole.flags);
             /* the biases added where the outputs are, and silu(gate) * up written to Y once
              * (the gate's outputs put into Y and read back cost a pass over Y's lines) */
-            add_bias16(res, 16, p->bias ? p->bias + g0 : no_bias, 16 * nblk);
-            add_bias16(ures, 16, q->bias ? q->bias + g0 : no_bias, 16 * nblk);
+            qw_add_rows(res, 16, p->bias ? p->bias + g0 : no_bias, 16 * nblk, 16, res, 16);
+            qw_add_rows(ures, 16, q->bias ? q->bias + g0 : no_bias, 16 * nblk, 16, ures, 16);
             qw_silu_mul_rows(res, 16, ures, 16, 16 * nblk, 16, p->Y + m0 * N + g0, N);
         }
         m0 += 16 * nblk;

@@ -124,9 +124,7 @@ QW_TARGET_AVX512F static void silu_mul_rows_avx512(const float *gate, int64_t ld
         if (whole < cols) silu_run(g + whole, u + whole, cols - whole, o + whole);
     }
 }
-#endif
 
-#if QW_HAVE_X86
 QW_TARGET_AVX2 static void add_rows_avx2(const float *res, int64_t ld, const float *b, int64_t rows, int cols, float *y,
                                          int64_t ldy) {
     const int whole = cols / 8 * 8;

@@ -378,12 +378,12 @@ class Transformer:
         aligned. A new 16 x 151,936 array for each step of 16 rows had its huge pages faulted in
         and cleared every step, and at numpy's 16-byte alignment each 16-output piece that the
         head's kernels write spanned two cache lines."""
-        held, n = self._logits_bytes, rows * vocab * 4
-        # references to held: the attribute, `held` and getrefcount's argument
-        if held is None or held.size != n + 64 or sys.getrefcount(held) > 3:
-            held = self._logits_bytes = np.empty(n + 64, np.uint8)
-        at = -held.ctypes.data % 64
-        return held[at:at + n].view(np.float32).reshape(rows, vocab)
+        buf, n = self._logits_bytes, rows * vocab * 4
+        # every view of the bytes refers to the array that owns them (buf.base): alive, it holds
+        # one reference besides buf's and getrefcount's argument
+        if buf is None or buf.size != n or sys.getrefcount(buf.base) > 2:
+            buf = self._logits_bytes = aligned_bytes(n)
+        return buf.view(np.float32).reshape(rows, vocab)
 
     def _layer_stack(self, ws: Workspace, cache: KVCache):
         """The C view of every layer bound to ws's buffers and cache's pools. It is kept on the
