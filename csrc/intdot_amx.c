@@ -272,15 +272,25 @@ R8_TARGET void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bi
             ab[red_at[m]] = _mm512_castsi512_ps(_mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x)), abs_mask),
                                                                  _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + 16)), abs_mask)));
         }
-        _Alignas(64) uint32_t amax[16];
-        _Alignas(64) float dd[16];
-        _mm512_store_si512((__m512i *)amax, _mm512_castps_si512(red16_max_u32(ab)));
+        /* act_scale for the 16 rows at once: the same IEEE divisions, correctly rounded in a
+         * vector as one at a time (32 scalar divisions a block were a bottleneck of their own) */
+        _Alignas(64) float dd[16], idd[16];
+        __mmask16 finite;
+        {
+            const __m512i am = _mm512_castps_si512(red16_max_u32(ab));
+            finite = _mm512_cmplt_epu32_mask(am, _mm512_set1_epi32(0x7f800000));
+            const __m512 a = _mm512_castsi512_ps(am);
+            const __mmask16 big = finite & _mm512_cmp_ps_mask(a, _mm512_set1_ps(ACT_TINY), _CMP_GE_OQ);
+            const __m512 d = _mm512_div_ps(a, _mm512_set1_ps(127.0f));
+            const __m512 id = _mm512_div_ps(_mm512_set1_ps(1.0f), d);
+            _mm512_store_ps(dd, _mm512_mask_mov_ps(_mm512_mask_mov_ps(_mm512_set1_ps(NAN), finite, zero), big, d));
+            _mm512_store_ps(idd, _mm512_maskz_mov_ps(big, id));
+        }
         for (int m = 0; m < 16; m++) {
             const float *x = xb + (size_t)m * ldx;
-            float id;
             __m512 l1[2] = {zero, zero}, l2[2] = {zero, zero};
-            if (act_scale(amax[m], &dd[m], &id)) {
-                const __m512 vid = _mm512_set1_ps(id);
+            if (finite >> m & 1) {
+                const __m512 vid = _mm512_set1_ps(idd[m]);
                 for (int h = 0; h < 2; h++) {
                     const __m512 t = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * h), vid);
                     const __m512 a = _mm512_roundscale_ps(t, near);
