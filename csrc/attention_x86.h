@@ -2,7 +2,8 @@
  * AVX2 (16 vector registers: tiles of at most 6 heads x 16 keys in 256-bit vectors) and AVX-512
  * (ATT_WIDE: 32 registers, tiles of up to 8 heads, 16 keys or value columns per 512-bit FMA, so a
  * group of 7 or 8 query heads per kv head, as in Qwen2.5-0.5B and -7B, reads each block's keys and
- * values once instead of twice). Before including it attention.c defines ATT_TARGET, ATT(name)
+ * values once instead of twice; two such tiles at once where they fit: two blocks' scores, 32 value
+ * columns). Before including it attention.c defines ATT_TARGET, ATT(name)
  * (the name with the target's suffix), ATT_MAX_GC and ATT_WIDE. Every score and every output is
  * the same FMA chain whatever the tile's head count or vector width, so both targets give the
  * same bits. */
@@ -73,6 +74,103 @@ ATT(pv_tile16)(float *acc, int gc, int64_t hd, const float *corr, const float *p
 #pragma GCC unroll 8
     for (int g = 0; g < gc; g++) _mm512_storeu_ps(acc + g * hd + c, r[g]);
 }
+
+/* Two of the tiles above at once (two blocks' 16 keys, or 32 value columns): each broadcast query
+ * value or probability then feeds two FMAs instead of one. With one FMA per broadcast load the
+ * 16-wide tiles were bound by the loads; every lane's chain is the same, so the bits are too.
+ * The scores: keys j0.. of the block at kt0 into out0, keys j1.. of the block at kt1 into out1. */
+ATT_TARGET static inline __attribute__((always_inline)) void
+ATT(tile_scores32)(const float *q, int gc, int64_t hd, const void *kt0, int64_t j0, const void *kt1, int64_t j1,
+                   int64_t bs, int f16, float scale, float *out0, float *out1, int64_t ostride) {
+    __m512 a0[ATT_MAX_GC], a1[ATT_MAX_GC];
+#pragma GCC unroll 8
+    for (int g = 0; g < gc; g++) a0[g] = a1[g] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < hd; i++) {
+        const __m512 k0 = ATT(load16)(kt0, i * bs + j0, f16), k1 = ATT(load16)(kt1, i * bs + j1, f16);
+#pragma GCC unroll 8
+        for (int g = 0; g < gc; g++) {
+            const __m512 qb = _mm512_set1_ps(q[g * hd + i]);
+            a0[g] = _mm512_fmadd_ps(qb, k0, a0[g]);
+            a1[g] = _mm512_fmadd_ps(qb, k1, a1[g]);
+        }
+    }
+    const __m512 vs = _mm512_set1_ps(scale);
+#pragma GCC unroll 8
+    for (int g = 0; g < gc; g++) {
+        _mm512_storeu_ps(out0 + g * ostride, _mm512_mul_ps(a0[g], vs));
+        _mm512_storeu_ps(out1 + g * ostride, _mm512_mul_ps(a1[g], vs));
+    }
+}
+
+ATT_TARGET static inline __attribute__((always_inline)) void
+ATT(pv_tile32)(float *acc, int gc, int64_t hd, const float *corr, const float *p, int64_t pstride, const void *Vb,
+               int f16, int64_t nk, int64_t c) {
+    __m512 r0[ATT_MAX_GC], r1[ATT_MAX_GC];
+#pragma GCC unroll 8
+    for (int g = 0; g < gc; g++) {
+        const __m512 cg = _mm512_set1_ps(corr[g]);
+        r0[g] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * hd + c), cg);
+        r1[g] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * hd + c + 16), cg);
+    }
+    for (int64_t j = 0; j < nk; j++) {
+        const __m512 v0 = ATT(load16)(Vb, j * hd + c, f16), v1 = ATT(load16)(Vb, j * hd + c + 16, f16);
+#pragma GCC unroll 8
+        for (int g = 0; g < gc; g++) {
+            const __m512 pj = _mm512_set1_ps(p[g * pstride + j]);
+            r0[g] = _mm512_fmadd_ps(pj, v0, r0[g]);
+            r1[g] = _mm512_fmadd_ps(pj, v1, r1[g]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < gc; g++) {
+        _mm512_storeu_ps(acc + g * hd + c, r0[g]);
+        _mm512_storeu_ps(acc + g * hd + c + 16, r1[g]);
+    }
+}
+
+#define WIDE_CASES(CALL)                  \
+    switch (gc) {                         \
+    case 1: CALL(1); break;               \
+    case 2: CALL(2); break;               \
+    case 3: CALL(3); break;               \
+    case 4: CALL(4); break;               \
+    case 5: CALL(5); break;               \
+    case 6: CALL(6); break;               \
+    case 7: CALL(7); break;               \
+    default: CALL(ATT_MAX_GC); break;     \
+    }
+
+ATT_TARGET static void ATT(tile_scores32_any)(const float *q, int gc, int64_t hd, const void *kt0, int64_t j0,
+                                             const void *kt1, int64_t j1, int64_t bs, int f16, float scale, float *out0,
+                                             float *out1, int64_t ostride) {
+#define S32(n) ATT(tile_scores32)(q, n, hd, kt0, j0, kt1, j1, bs, F, scale, out0, out1, ostride)
+    if (f16) {
+#define F 1
+        WIDE_CASES(S32)
+#undef F
+    } else {
+#define F 0
+        WIDE_CASES(S32)
+#undef F
+    }
+#undef S32
+}
+
+ATT_TARGET static void ATT(pv_tile32_any)(float *acc, int gc, int64_t hd, const float *corr, const float *p,
+                                         int64_t pstride, const void *Vb, int f16, int64_t nk, int64_t c) {
+#define P32(n) ATT(pv_tile32)(acc, n, hd, corr, p, pstride, Vb, F, nk, c)
+    if (f16) {
+#define F 1
+        WIDE_CASES(P32)
+#undef F
+    } else {
+#define F 0
+        WIDE_CASES(P32)
+#undef F
+    }
+#undef P32
+}
+#undef WIDE_CASES
 #endif
 
 /* Scores of gc query heads (gc <= ATT_MAX_GC) against 16 keys of a block stored transposed (dimension
@@ -190,13 +288,42 @@ static int64_t ATT(heads_per_chunk)(int64_t G) {
 ATT_TARGET static void ATT(block_scores)(const float *q, int64_t G, int64_t hd, const void *Kt, int f16, int64_t bs,
                                              int64_t nk, float scale, float *sc, int64_t sstride, pf_cursor *pf, int pfn) {
     int64_t per = ATT(heads_per_chunk)(G);
-    for (int64_t j0 = 0; j0 < nk; j0 += 16)
+    for (int64_t j0 = 0; j0 < nk;) {
+        const int two = ATT_WIDE && nk - j0 >= 32; /* two whole tiles at once */
         for (int64_t g0 = 0; g0 < G; g0 += per) {
             int gc = (int)(G - g0 < per ? G - g0 : per);
-            ATT(pf_some)(pf, pfn);
+            ATT(pf_some)(pf, two ? 2 * pfn : pfn);
+#if ATT_WIDE
+            if (two) {
+                ATT(tile_scores32_any)(q + g0 * hd, gc, hd, Kt, j0, Kt, j0 + 16, bs, f16, scale, sc + g0 * sstride + j0,
+                                       sc + g0 * sstride + j0 + 16, sstride);
+                continue;
+            }
+#endif
             ATT(tile_scores_any)(q + g0 * hd, gc, hd, Kt, j0, bs, nk - j0, f16, scale, sc + g0 * sstride + j0, sstride);
         }
+        j0 += two ? 32 : 16;
+    }
 }
+
+#if ATT_WIDE
+/* The scores of two full blocks (bs keys each, bs a multiple of 16) in one pass, into sc and sc2:
+ * a block of 16 keys has only one 16-key tile, so the tiles are paired across blocks. The
+ * scores do not depend on the softmax state, so computing the next block's early changes no
+ * bit. */
+ATT_TARGET static void ATT(block_scores2)(const float *q, int64_t G, int64_t hd, const void *Kt, const void *Kt2, int f16,
+                                          int64_t bs, float scale, float *sc, float *sc2, int64_t sstride, pf_cursor *pf,
+                                          int pfn) {
+    int64_t per = ATT(heads_per_chunk)(G);
+    for (int64_t j0 = 0; j0 < bs; j0 += 16)
+        for (int64_t g0 = 0; g0 < G; g0 += per) {
+            int gc = (int)(G - g0 < per ? G - g0 : per);
+            ATT(pf_some)(pf, 2 * pfn);
+            ATT(tile_scores32_any)(q + g0 * hd, gc, hd, Kt, j0, Kt2, j0, bs, f16, scale, sc + g0 * sstride + j0,
+                                   sc2 + g0 * sstride + j0, sstride);
+        }
+}
+#endif
 
 ATT_TARGET static float ATT(max)(const float *s, int64_t n) {
     __m256 vmax = _mm256_set1_ps(-INFINITY);
@@ -275,9 +402,16 @@ ATT_TARGET static void ATT(block_values)(float *acc, int64_t G, int64_t hd, cons
     int64_t per = ATT(heads_per_chunk)(G);
     for (int64_t g0 = 0; g0 < G; g0 += per) {
         int gc = (int)(G - g0 < per ? G - g0 : per);
-        for (int64_t c = 0; c < hd; c += hd - c >= 16 ? 16 : 8) {
-            ATT(pf_some)(pf, pfn);
-            ATT(pv_tile_any)(acc + g0 * hd, gc, hd, corr + g0, p + g0 * pstride, pstride, Vb, f16, nk, c);
+        for (int64_t c = 0; c < hd;) {
+            const int64_t w = ATT_WIDE && hd - c >= 32 ? 32 : hd - c >= 16 ? 16 : 8;
+            ATT(pf_some)(pf, w == 32 ? 2 * pfn : pfn);
+#if ATT_WIDE
+            if (w == 32)
+                ATT(pv_tile32_any)(acc + g0 * hd, gc, hd, corr + g0, p + g0 * pstride, pstride, Vb, f16, nk, c);
+            else
+#endif
+                ATT(pv_tile_any)(acc + g0 * hd, gc, hd, corr + g0, p + g0 * pstride, pstride, Vb, f16, nk, c);
+            c += w;
         }
     }
 }
@@ -299,6 +433,9 @@ ATT_TARGET static void ATT(attend_group)(const float *q, int64_t G, int64_t hd, 
         l[g] = _mm256_setzero_ps();
     }
     memset(acc, 0, (size_t)(G * hd) * sizeof(float));
+    /* sc: this block's scores; its second half, the next block's when they were paired */
+    float *cur = sc, *nxt = sc + G * sstride;
+    int ready = 0;
     for (int64_t b = b0; b < b1; b++) {
         int64_t nk = n - b * bs < bs ? n - b * bs : bs;
         pf_cursor pf = {{NULL, NULL}, {0, 0}};
@@ -310,9 +447,22 @@ ATT_TARGET static void ATT(attend_group)(const float *q, int64_t G, int64_t hd, 
             pf.left[0] = pf.left[1] = bs * hd * (int64_t)kv_esize(Kp.kv_type);
         }
         const void *Kb = block_at(Kp, table[b]), *Vb = block_at(Vp, table[b]);
-        ATT(block_scores)(q, G, hd, Kb, f16, bs, nk, scale, sc, sstride, &pf, pf_lines);
+        if (ready) { /* computed with the block before */
+            float *t = cur;
+            cur = nxt;
+            nxt = t;
+            ready = 0;
+        }
+#if ATT_WIDE
+        else if (nk == bs && bs % 16 == 0 && b + 1 < b1 && n - (b + 1) * bs >= bs) {
+            ATT(block_scores2)(q, G, hd, Kb, block_at(Kp, table[b + 1]), f16, bs, scale, cur, nxt, sstride, &pf, pf_lines);
+            ready = 1;
+        }
+#endif
+        else
+            ATT(block_scores)(q, G, hd, Kb, f16, bs, nk, scale, cur, sstride, &pf, pf_lines);
         for (int64_t g = 0; g < G; g++) {
-            float *s = sc + g * sstride;
+            float *s = cur + g * sstride;
             float bm = ATT(max)(s, nk);
             corr[g] = 1.0f;
             if (bm > m[g]) {
@@ -348,7 +498,7 @@ ATT_TARGET static void ATT(attend_group)(const float *q, int64_t G, int64_t hd, 
             }
             l[g] = _mm256_add_ps(l[g], lsum);
         }
-        ATT(block_values)(acc, G, hd, corr, sc, sstride, Vb, f16, nk, &pf, pf_lines);
+        ATT(block_values)(acc, G, hd, corr, cur, sstride, Vb, f16, nk, &pf, pf_lines);
         ATT(pf_some)(&pf, INT32_MAX);
     }
     if (ml) { /* a span's state, for merge_spans */
