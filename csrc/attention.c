@@ -295,9 +295,10 @@ int qw_paged_attention(const float *q, int64_t T, int64_t n_heads, int64_t n_kv_
     int failed = 0;
 #pragma omp parallel num_threads(qw_get_threads())
     {
-        /* acc [G, hd]; two blocks' scores [G, bs rounded up to 16] (the AVX-512 path pairs blocks); for a 16-bit pool on the plain
-         * path, one block of one kv head's keys and values as float32 (the AVX2 path widens in
-         * registers); the states of a (row, kv head)'s spans when they run here one by one */
+        /* acc [G, hd]; two blocks' scores [G, bs rounded up to 16] (the AVX-512 path scores two
+         * blocks at once); for a 16-bit pool on the plain path, one block of one kv head's keys
+         * and values as float32 (the AVX2 path widens in registers); the states of a (row, kv
+         * head)'s spans when they run here one by one */
         size_t sstride = (size_t)(bs + 15) / 16 * 16;
         size_t own = !split && max_spans > 1 ? (size_t)max_spans * each : 0;
         size_t scratch = (size_t)(G * hd) + 2 * (size_t)G * sstride + (kv_type == QW_KV_F16 && !simd ? (size_t)(2 * bs * hd) : 0);

@@ -2,8 +2,8 @@
  * AVX2 (16 vector registers: tiles of at most 6 heads x 16 keys in 256-bit vectors) and AVX-512
  * (ATT_WIDE: 32 registers, tiles of up to 8 heads, 16 keys or value columns per 512-bit FMA, so a
  * group of 7 or 8 query heads per kv head, as in Qwen2.5-0.5B and -7B, reads each block's keys and
- * values once instead of twice; two such tiles at once where they fit: two blocks' scores, 32 value
- * columns). Before including it attention.c defines ATT_TARGET, ATT(name)
+ * values once instead of twice; two such tiles at once where they fit: two full blocks' scores,
+ * 32 value columns). Before including it attention.c defines ATT_TARGET, ATT(name)
  * (the name with the target's suffix), ATT_MAX_GC and ATT_WIDE. Every score and every output is
  * the same FMA chain whatever the tile's head count or vector width, so both targets give the
  * same bits. */
@@ -75,18 +75,18 @@ ATT(pv_tile16)(float *acc, int gc, int64_t hd, const float *corr, const float *p
     for (int g = 0; g < gc; g++) _mm512_storeu_ps(acc + g * hd + c, r[g]);
 }
 
-/* Two of the tiles above at once (two blocks' 16 keys, or 32 value columns): each broadcast query
- * value or probability then feeds two FMAs instead of one. With one FMA per broadcast load the
- * 16-wide tiles were bound by the loads; every lane's chain is the same, so the bits are too.
- * The scores: keys j0.. of the block at kt0 into out0, keys j1.. of the block at kt1 into out1. */
+/* Two of the tiles above at once (keys j0 .. j0 + 15 of two blocks, or 32 value columns): each
+ * broadcast query value or probability then feeds two FMAs instead of one. With one FMA per
+ * broadcast load the 16-wide tiles were bound by the loads; every lane's chain is the same, so
+ * the bits are too. The scores: the block at kt0's into out0, the block at kt1's into out1. */
 ATT_TARGET static inline __attribute__((always_inline)) void
-ATT(tile_scores32)(const float *q, int gc, int64_t hd, const void *kt0, int64_t j0, const void *kt1, int64_t j1,
-                   int64_t bs, int f16, float scale, float *out0, float *out1, int64_t ostride) {
+ATT(tile_scores32)(const float *q, int gc, int64_t hd, const void *kt0, const void *kt1, int64_t j0, int64_t bs,
+                   int f16, float scale, float *out0, float *out1, int64_t ostride) {
     __m512 a0[ATT_MAX_GC], a1[ATT_MAX_GC];
 #pragma GCC unroll 8
     for (int g = 0; g < gc; g++) a0[g] = a1[g] = _mm512_setzero_ps();
     for (int64_t i = 0; i < hd; i++) {
-        const __m512 k0 = ATT(load16)(kt0, i * bs + j0, f16), k1 = ATT(load16)(kt1, i * bs + j1, f16);
+        const __m512 k0 = ATT(load16)(kt0, i * bs + j0, f16), k1 = ATT(load16)(kt1, i * bs + j0, f16);
 #pragma GCC unroll 8
         for (int g = 0; g < gc; g++) {
             const __m512 qb = _mm512_set1_ps(q[g * hd + i]);
@@ -128,46 +128,37 @@ ATT(pv_tile32)(float *acc, int gc, int64_t hd, const float *corr, const float *p
     }
 }
 
-#define WIDE_CASES(CALL)                  \
-    switch (gc) {                         \
-    case 1: CALL(1); break;               \
-    case 2: CALL(2); break;               \
-    case 3: CALL(3); break;               \
-    case 4: CALL(4); break;               \
-    case 5: CALL(5); break;               \
-    case 6: CALL(6); break;               \
-    case 7: CALL(7); break;               \
-    default: CALL(ATT_MAX_GC); break;     \
+/* CALL(gc, F) with gc and F as constants, so the tiles' loops over heads unroll. */
+#define WIDE_CASES(CALL, F)           \
+    switch (gc) {                     \
+    case 1: CALL(1, F); break;        \
+    case 2: CALL(2, F); break;        \
+    case 3: CALL(3, F); break;        \
+    case 4: CALL(4, F); break;        \
+    case 5: CALL(5, F); break;        \
+    case 6: CALL(6, F); break;        \
+    case 7: CALL(7, F); break;        \
+    default: CALL(ATT_MAX_GC, F); break; \
     }
 
-ATT_TARGET static void ATT(tile_scores32_any)(const float *q, int gc, int64_t hd, const void *kt0, int64_t j0,
-                                             const void *kt1, int64_t j1, int64_t bs, int f16, float scale, float *out0,
-                                             float *out1, int64_t ostride) {
-#define S32(n) ATT(tile_scores32)(q, n, hd, kt0, j0, kt1, j1, bs, F, scale, out0, out1, ostride)
-    if (f16) {
-#define F 1
-        WIDE_CASES(S32)
-#undef F
-    } else {
-#define F 0
-        WIDE_CASES(S32)
-#undef F
-    }
+ATT_TARGET static void ATT(tile_scores32_any)(const float *q, int gc, int64_t hd, const void *kt0, const void *kt1,
+                                             int64_t j0, int64_t bs, int f16, float scale, float *out0, float *out1,
+                                             int64_t ostride) {
+#define S32(n, F) ATT(tile_scores32)(q, n, hd, kt0, kt1, j0, bs, F, scale, out0, out1, ostride)
+    if (f16)
+        WIDE_CASES(S32, 1)
+    else
+        WIDE_CASES(S32, 0)
 #undef S32
 }
 
 ATT_TARGET static void ATT(pv_tile32_any)(float *acc, int gc, int64_t hd, const float *corr, const float *p,
                                          int64_t pstride, const void *Vb, int f16, int64_t nk, int64_t c) {
-#define P32(n) ATT(pv_tile32)(acc, n, hd, corr, p, pstride, Vb, F, nk, c)
-    if (f16) {
-#define F 1
-        WIDE_CASES(P32)
-#undef F
-    } else {
-#define F 0
-        WIDE_CASES(P32)
-#undef F
-    }
+#define P32(n, F) ATT(pv_tile32)(acc, n, hd, corr, p, pstride, Vb, F, nk, c)
+    if (f16)
+        WIDE_CASES(P32, 1)
+    else
+        WIDE_CASES(P32, 0)
 #undef P32
 }
 #undef WIDE_CASES
@@ -288,22 +279,12 @@ static int64_t ATT(heads_per_chunk)(int64_t G) {
 ATT_TARGET static void ATT(block_scores)(const float *q, int64_t G, int64_t hd, const void *Kt, int f16, int64_t bs,
                                              int64_t nk, float scale, float *sc, int64_t sstride, pf_cursor *pf, int pfn) {
     int64_t per = ATT(heads_per_chunk)(G);
-    for (int64_t j0 = 0; j0 < nk;) {
-        const int two = ATT_WIDE && nk - j0 >= 32; /* two whole tiles at once */
+    for (int64_t j0 = 0; j0 < nk; j0 += 16)
         for (int64_t g0 = 0; g0 < G; g0 += per) {
             int gc = (int)(G - g0 < per ? G - g0 : per);
-            ATT(pf_some)(pf, two ? 2 * pfn : pfn);
-#if ATT_WIDE
-            if (two) {
-                ATT(tile_scores32_any)(q + g0 * hd, gc, hd, Kt, j0, Kt, j0 + 16, bs, f16, scale, sc + g0 * sstride + j0,
-                                       sc + g0 * sstride + j0 + 16, sstride);
-                continue;
-            }
-#endif
+            ATT(pf_some)(pf, pfn);
             ATT(tile_scores_any)(q + g0 * hd, gc, hd, Kt, j0, bs, nk - j0, f16, scale, sc + g0 * sstride + j0, sstride);
         }
-        j0 += two ? 32 : 16;
-    }
 }
 
 #if ATT_WIDE
@@ -319,7 +300,7 @@ ATT_TARGET static void ATT(block_scores2)(const float *q, int64_t G, int64_t hd,
         for (int64_t g0 = 0; g0 < G; g0 += per) {
             int gc = (int)(G - g0 < per ? G - g0 : per);
             ATT(pf_some)(pf, 2 * pfn);
-            ATT(tile_scores32_any)(q + g0 * hd, gc, hd, Kt, j0, Kt2, j0, bs, f16, scale, sc + g0 * sstride + j0,
+            ATT(tile_scores32_any)(q + g0 * hd, gc, hd, Kt, Kt2, j0, bs, f16, scale, sc + g0 * sstride + j0,
                                    sc2 + g0 * sstride + j0, sstride);
         }
 }

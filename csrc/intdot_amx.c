@@ -272,8 +272,9 @@ R8_TARGET void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bi
             ab[red_at[m]] = _mm512_castsi512_ps(_mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x)), abs_mask),
                                                                  _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + 16)), abs_mask)));
         }
-        /* act_scale for the 16 rows at once: the same IEEE divisions, correctly rounded in a
-         * vector as one at a time (32 scalar divisions a block were a bottleneck of their own) */
+        /* qblock.h's act_scale for the 16 rows at once (its cases and divisions; a change to one
+         * is a change to both): the same IEEE divisions, correctly rounded in a vector as one at
+         * a time (32 scalar divisions a block were a bottleneck of their own) */
         _Alignas(64) float dd[16], idd[16];
         __mmask16 finite;
         {
