@@ -164,10 +164,11 @@ static void attend_group_plain(const float *q, int64_t G, int64_t hd, head_pool 
 /* ---------------------------------------------------------------- SIMD (hd a multiple of 8) */
 
 #if QW_HAVE_X86
-/* What is left to ask for of the block after next's keys ([0]) and values ([1]); see pf_some. */
+/* The block after next's keys and values, asked for a line of each at a time (see pf_some):
+ * lines next .. lines - 1 of both are left. */
 typedef struct {
-    const char *at[2];
-    int64_t left[2]; /* bytes */
+    const char *k, *v;
+    int64_t next, lines;
 } pf_cursor;
 
 #define ATT_TARGET QW_TARGET_AVX2

@@ -256,15 +256,19 @@ ATT_TARGET static void ATT(tile_scores_any)(const float *q, int gc, int64_t hd, 
  * attention over 4,096 positions of the 0.5B model took about 1.4x as long). They are asked
  * into L2, not L1: the L1's few miss buffers held a core to under half of the memory's
  * bandwidth (Zen 4, the 1.5B's shapes at 4,096 positions from memory: 245 -> 201 us per layer;
- * no change with the cache warm, or on the 0.5B, whose attention is bound by its FMAs). */
-ATT_TARGET static inline void ATT(pf_some)(pf_cursor *c, int lines) {
-    for (int s = 0; s < 2 && lines > 0; s++)
-        while (c->left[s] > 0 && lines > 0) {
-            _mm_prefetch(c->at[s], _MM_HINT_T1);
-            c->at[s] += 64;
-            c->left[s] -= 64;
-            lines--;
-        }
+ * no change with the cache warm, or on the 0.5B, whose attention is bound by its FMAs). A line
+ * of the keys and the same line of the values go together, from one index kept in a register:
+ * a cursor over the keys, then the values, stored its address and count back at every line,
+ * and that bookkeeping was about a quarter of attend_group's own time (decode at 4,096
+ * positions, cache warm). Spreading the lines over the tiles' inner steps instead of a few
+ * before each tile was slower, warm and cold. */
+ATT_TARGET static inline void ATT(pf_some)(pf_cursor *c, int pairs) {
+    const int64_t end = c->lines - c->next < pairs ? c->lines : c->next + pairs;
+    for (int64_t i = c->next; i < end; i++) {
+        _mm_prefetch(c->k + 64 * i, _MM_HINT_T1);
+        _mm_prefetch(c->v + 64 * i, _MM_HINT_T1);
+    }
+    c->next = end > c->next ? end : c->next;
 }
 
 /* Heads per chunk of the score and value tiles: at most ATT_MAX_GC, in even chunks (7 on AVX2
@@ -408,7 +412,8 @@ ATT_TARGET static void ATT(attend_group)(const float *q, int64_t G, int64_t hd, 
      * tiles), so that all are asked for before the block ends */
     int64_t chunks = (G + ATT(heads_per_chunk)(G) - 1) / ATT(heads_per_chunk)(G);
     int64_t tiles = chunks * ((bs + 15) / 16 + (hd + 15) / 16);
-    int pf_lines = (int)((2 * bs * hd * (int64_t)kv_esize(Kp.kv_type) / 64 + tiles - 1) / tiles);
+    const int64_t block_lines = bs * hd * (int64_t)kv_esize(Kp.kv_type) / 64;
+    int pf_lines = (int)((block_lines + tiles - 1) / tiles); /* of the keys and of the values each */
     for (int64_t g = 0; g < G; g++) {
         m[g] = -INFINITY;
         l[g] = _mm256_setzero_ps();
@@ -419,13 +424,13 @@ ATT_TARGET static void ATT(attend_group)(const float *q, int64_t G, int64_t hd, 
     int ready = 0;
     for (int64_t b = b0; b < b1; b++) {
         int64_t nk = n - b * bs < bs ? n - b * bs : bs;
-        pf_cursor pf = {{NULL, NULL}, {0, 0}};
+        pf_cursor pf = {NULL, NULL, 0, 0};
         /* the block after next, also past the span (the next span's, often run next by this
          * thread): its lines arrive while this one is worked */
         if ((b + 2) * bs < n) {
-            pf.at[0] = block_at(Kp, table[b + 2]);
-            pf.at[1] = block_at(Vp, table[b + 2]);
-            pf.left[0] = pf.left[1] = bs * hd * (int64_t)kv_esize(Kp.kv_type);
+            pf.k = block_at(Kp, table[b + 2]);
+            pf.v = block_at(Vp, table[b + 2]);
+            pf.lines = block_lines;
         }
         const void *Kb = block_at(Kp, table[b]), *Vb = block_at(Vp, table[b]);
         if (ready) { /* computed with the block before */
