@@ -412,7 +412,7 @@ ATT_TARGET static void ATT(attend_group)(const float *q, int64_t G, int64_t hd, 
      * tiles), so that all are asked for before the block ends */
     int64_t chunks = (G + ATT(heads_per_chunk)(G) - 1) / ATT(heads_per_chunk)(G);
     int64_t tiles = chunks * ((bs + 15) / 16 + (hd + 15) / 16);
-    const int64_t block_lines = bs * hd * (int64_t)kv_esize(Kp.kv_type) / 64;
+    const int64_t block_lines = (bs * hd * (int64_t)kv_esize(Kp.kv_type) + 63) / 64;
     int pf_lines = (int)((block_lines + tiles - 1) / tiles); /* of the keys and of the values each */
     for (int64_t g = 0; g < G; g++) {
         m[g] = -INFINITY;
