@@ -11,6 +11,20 @@
 /* A tile of 7 heads where the target has the registers for it, else the 6-head one (unused). */
 #define ATT_GC(n) ((n) <= ATT_MAX_GC ? (n) : 6)
 
+/* CALL(gc, ...) with the head count gc a constant, so a tile's loops over heads unroll (left
+ * rolled they keep the accumulators in memory). */
+#define GC_CASES(CALL, ...)                             \
+    switch (gc) {                                       \
+    case 1: CALL(1, __VA_ARGS__); break;                \
+    case 2: CALL(2, __VA_ARGS__); break;                \
+    case 3: CALL(3, __VA_ARGS__); break;                \
+    case 4: CALL(4, __VA_ARGS__); break;                \
+    case 5: CALL(5, __VA_ARGS__); break;                \
+    case 6: CALL(6, __VA_ARGS__); break;                \
+    case 7: CALL(ATT_GC(7), __VA_ARGS__); break;        \
+    default: CALL(ATT_MAX_GC, __VA_ARGS__); break;      \
+    }
+
 ATT_TARGET static float ATT(hsum8)(__m256 v) {
     __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
@@ -128,27 +142,14 @@ ATT(pv_tile32)(float *acc, int gc, int64_t hd, const float *corr, const float *p
     }
 }
 
-/* CALL(gc, F) with gc and F as constants, so the tiles' loops over heads unroll. */
-#define WIDE_CASES(CALL, F)           \
-    switch (gc) {                     \
-    case 1: CALL(1, F); break;        \
-    case 2: CALL(2, F); break;        \
-    case 3: CALL(3, F); break;        \
-    case 4: CALL(4, F); break;        \
-    case 5: CALL(5, F); break;        \
-    case 6: CALL(6, F); break;        \
-    case 7: CALL(7, F); break;        \
-    default: CALL(ATT_MAX_GC, F); break; \
-    }
-
 ATT_TARGET static void ATT(tile_scores32_any)(const float *q, int gc, int64_t hd, const void *kt0, const void *kt1,
                                              int64_t j0, int64_t bs, int f16, float scale, float *out0, float *out1,
                                              int64_t ostride) {
 #define S32(n, F) ATT(tile_scores32)(q, n, hd, kt0, kt1, j0, bs, F, scale, out0, out1, ostride)
     if (f16)
-        WIDE_CASES(S32, 1)
+        GC_CASES(S32, 1)
     else
-        WIDE_CASES(S32, 0)
+        GC_CASES(S32, 0)
 #undef S32
 }
 
@@ -156,12 +157,11 @@ ATT_TARGET static void ATT(pv_tile32_any)(float *acc, int gc, int64_t hd, const 
                                          int64_t pstride, const void *Vb, int f16, int64_t nk, int64_t c) {
 #define P32(n, F) ATT(pv_tile32)(acc, n, hd, corr, p, pstride, Vb, F, nk, c)
     if (f16)
-        WIDE_CASES(P32, 1)
+        GC_CASES(P32, 1)
     else
-        WIDE_CASES(P32, 0)
+        GC_CASES(P32, 0)
 #undef P32
 }
-#undef WIDE_CASES
 #endif
 
 /* Scores of gc query heads (gc <= ATT_MAX_GC) against 16 keys of a block stored transposed (dimension
@@ -215,26 +215,15 @@ ATT(tile_scores)(const float *q, int gc, int64_t hd, const void *kt, int64_t j0,
 #endif
 }
 
-#define TILE_CASES(M, F)                                                                          \
-    switch (gc) {                                                                                 \
-    case 1: ATT(tile_scores)(q, 1, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break;        \
-    case 2: ATT(tile_scores)(q, 2, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break;        \
-    case 3: ATT(tile_scores)(q, 3, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break;        \
-    case 4: ATT(tile_scores)(q, 4, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break;        \
-    case 5: ATT(tile_scores)(q, 5, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break;        \
-    case 6: ATT(tile_scores)(q, 6, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break;        \
-    case 7: ATT(tile_scores)(q, ATT_GC(7), hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break; \
-    default: ATT(tile_scores)(q, ATT_MAX_GC, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride); break; \
-    }
-
 ATT_TARGET static void ATT(tile_scores_any)(const float *q, int gc, int64_t hd, const void *kt, int64_t j0, int64_t bs,
                                            int64_t valid, int f16, float scale, float *out, int64_t ostride) {
     __m256i mlo = _mm256_setzero_si256(), mhi = mlo;
+#define TILE(n, M, F) ATT(tile_scores)(q, n, hd, kt, j0, bs, M, F, valid, mlo, mhi, scale, out, ostride)
     if (valid >= 16) {
         if (f16) {
-            TILE_CASES(0, 1)
+            GC_CASES(TILE, 0, 1)
         } else {
-            TILE_CASES(0, 0)
+            GC_CASES(TILE, 0, 0)
         }
         return;
     }
@@ -242,12 +231,12 @@ ATT_TARGET static void ATT(tile_scores_any)(const float *q, int gc, int64_t hd, 
     mlo = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)valid), idx);
     mhi = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)valid - 8), idx);
     if (f16) {
-        TILE_CASES(1, 1)
+        GC_CASES(TILE, 1, 1)
     } else {
-        TILE_CASES(1, 0)
+        GC_CASES(TILE, 1, 0)
     }
 }
-#undef TILE_CASES
+#undef TILE
 
 /* One kv head's keys and values of the block after next, asked for ahead of use: a sequence's
  * blocks may lie anywhere in the pool, which the hardware prefetchers cannot know. The lines
@@ -268,7 +257,7 @@ ATT_TARGET static inline void ATT(pf_some)(pf_cursor *c, int pairs) {
         _mm_prefetch(c->k + 64 * i, _MM_HINT_T1);
         _mm_prefetch(c->v + 64 * i, _MM_HINT_T1);
     }
-    c->next = end > c->next ? end : c->next;
+    c->next = end;
 }
 
 /* Heads per chunk of the score and value tiles: at most ATT_MAX_GC, in even chunks (7 on AVX2
@@ -353,32 +342,21 @@ ATT(pv_tile)(float *acc, int gc, int W, int64_t hd, const float *corr, const flo
     for (int g = 0; g < gc * W; g++) _mm256_storeu_ps(acc + (g / W) * hd + c + 8 * (g % W), r[g]);
 }
 
-#define PV_CASES(W, F)                                                                        \
-    switch (gc) {                                                                             \
-    case 1: ATT(pv_tile)(acc, 1, W, hd, corr, p, pstride, Vb, F, nk, c); break;                    \
-    case 2: ATT(pv_tile)(acc, 2, W, hd, corr, p, pstride, Vb, F, nk, c); break;                    \
-    case 3: ATT(pv_tile)(acc, 3, W, hd, corr, p, pstride, Vb, F, nk, c); break;                    \
-    case 4: ATT(pv_tile)(acc, 4, W, hd, corr, p, pstride, Vb, F, nk, c); break;                    \
-    case 5: ATT(pv_tile)(acc, 5, W, hd, corr, p, pstride, Vb, F, nk, c); break;                    \
-    case 6: ATT(pv_tile)(acc, 6, W, hd, corr, p, pstride, Vb, F, nk, c); break;                    \
-    case 7: ATT(pv_tile)(acc, ATT_GC(7), W, hd, corr, p, pstride, Vb, F, nk, c); break;            \
-    default: ATT(pv_tile)(acc, ATT_MAX_GC, W, hd, corr, p, pstride, Vb, F, nk, c); break;          \
-    }
-
 ATT_TARGET static void ATT(pv_tile_any)(float *acc, int gc, int64_t hd, const float *corr, const float *p,
                                        int64_t pstride, const void *Vb, int f16, int64_t nk, int64_t c) {
     int wide = hd - c >= 16;
+#define PV(n, W, F) ATT(pv_tile)(acc, n, W, hd, corr, p, pstride, Vb, F, nk, c)
     if (wide && f16) {
-        PV_CASES(2, 1)
+        GC_CASES(PV, 2, 1)
     } else if (wide) {
-        PV_CASES(2, 0)
+        GC_CASES(PV, 2, 0)
     } else if (f16) {
-        PV_CASES(1, 1)
+        GC_CASES(PV, 1, 1)
     } else {
-        PV_CASES(1, 0)
+        GC_CASES(PV, 1, 0)
     }
 }
-#undef PV_CASES
+#undef PV
 
 /* The value update of all G heads over a block: heads in the score tiles' even chunks, columns
  * 16 at a time (8 for a last odd vector). */
@@ -440,7 +418,7 @@ ATT_TARGET static void ATT(attend_group)(const float *q, int64_t G, int64_t hd, 
             ready = 0;
         }
 #if ATT_WIDE
-        else if (nk == bs && bs % 16 == 0 && b + 1 < b1 && n - (b + 1) * bs >= bs) {
+        else if (bs % 16 == 0 && b + 1 < b1 && n - (b + 1) * bs >= bs) { /* this block and the next full */
             ATT(block_scores2)(q, G, hd, Kb, block_at(Kp, table[b + 1]), f16, bs, scale, cur, nxt, sstride, &pf, pf_lines);
             ready = 1;
         }
@@ -502,4 +480,5 @@ ATT_TARGET static void ATT(attend_group)(const float *q, int64_t G, int64_t hd, 
     }
 }
 
+#undef GC_CASES
 #undef ATT_GC
