@@ -321,7 +321,6 @@ def matmul_rates(model, repeats, run):
     """Per weight family (role, type, shape): seconds per token over all layers with the weights
     coming from DRAM (caches flushed before each product) and from cache (the same product run
     again at once), and the bytes involved. `run(fn)` runs one timed pass (see clean_run)."""
-    from qwenc.formats.tensors import DTYPE_NAMES
     w = model.weights
     fam = {}
     for layer in w.layers:
@@ -330,9 +329,9 @@ def matmul_rates(model, repeats, run):
             if lin is None:  # an expert layer's MLP: its experts are not split out here
                 continue
             t = lin.weight
-            fam.setdefault(f"matmul {role:7s} {DTYPE_NAMES[t.dtype]} {t.shape[0]}x{t.shape[1]}", []).append(lin)
+            fam.setdefault(f"matmul {role:7s} {_type_name(t.dtype)} {t.shape[0]}x{t.shape[1]}", []).append(lin)
     t = w.lm_head
-    fam[f"matmul {'lm_head':7s} {DTYPE_NAMES[t.dtype]} {t.shape[0]}x{t.shape[1]}"] = [w.head]
+    fam[f"matmul {'lm_head':7s} {_type_name(t.dtype)} {t.shape[0]}x{t.shape[1]}"] = [w.head]
     act = model.transformer._act
     buf = np.ones(8 << 20, np.uint64)  # 64 MiB
     out = {}
