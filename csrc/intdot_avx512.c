@@ -271,7 +271,7 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
             __m256 Mv, Dmin;
             (void)record_scales(T, rec, &Mv, &Dmin);
             for (int j = 0; j < subs; j++) {
-                if (IS_K(T)) Mv = _mm256_mul_ps(Dmin, u8x8_ps(rec + 96 + 8 * j));
+                if (IS_K(T)) Mv = sub_mins(rec, j, Dmin);
                 const __m512 MV16 = dup32_ps(Mv);
 #pragma GCC unroll 8
                 for (int64_t p = 0; p < P; p++)

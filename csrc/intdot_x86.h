@@ -112,6 +112,11 @@ R8_TARGET INLINE __m256 u8x8_ps(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
+/* Q4_K's and Q5_K's min factors of sub-block j: each row's Dmin times its 6-bit min. */
+R8_TARGET INLINE __m256 sub_mins(const uint8_t *rec, int j, __m256 Dmin) {
+    return _mm256_mul_ps(Dmin, u8x8_ps(rec + 96 + 8 * j));
+}
+
 /* Sub-block j of record rec unpacked: its 8 step vectors c, each row's block scale S (D, times
  * a k-quant's sub-block scale: products of an f16 and a 6- or 8-bit integer, exact in float32;
  * for Q6_K its first 16-value group's, the second's in *Sb) and, for Q4_K and Q5_K, each row's
@@ -132,7 +137,7 @@ R8_TARGET INLINE void unpack_sub(const int T, const uint8_t *rec, int j, __m256 
             add_fifth_bits(rec + 160 + 32 * j, c);
         }
         *S = _mm256_mul_ps(D, u8x8_ps(rec + 32 + 8 * j));
-        *Mv = _mm256_mul_ps(Dmin, u8x8_ps(rec + 96 + 8 * j));
+        *Mv = sub_mins(rec, j, Dmin);
         break;
     default: { /* Q6_K: (sc_a, sc_b) per row as signed bytes */
         unpack_nibbles8(rec + 656 + 128 * j, c);
