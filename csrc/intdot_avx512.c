@@ -212,6 +212,11 @@ R8_TARGET INLINE void min_into(__m512 MV16, const uint8_t *hl, int64_t K, int64_
     *macc = _mm512_fmadd_ps(MV16, _mm512_castsi512_ps(bcast8(PAIRED(hl, ACT_S(xl, K) + b))), *macc);
 }
 
+/* Pair p's last level (for 16-bit rows the second half of its pair row): its d, s and code sums. */
+INLINE const uint8_t *pair_last(const uint8_t *xq, size_t xstride, int64_t p, int levels, size_t half) {
+    return xq + (size_t)p * xstride + 2 * (size_t)(levels - 1) * half;
+}
+
 /* product() for M act rows as pair rows (pair p at xq + p xstride; when M is odd the last pair's
  * second row is not stored). */
 R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *g, int64_t K, const uint8_t *xq,
@@ -243,7 +248,7 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
 #pragma GCC unroll 4
                 for (; p + 1 < P; p += 2) {
                     const uint8_t *h1[2] = {xq + (size_t)p * xstride, xq + (size_t)(p + 1) * xstride};
-                    const uint8_t *hl[2] = {h1[0] + 2 * half, h1[1] + 2 * half};
+                    const uint8_t *hl[2] = {pair_last(xq, xstride, p, 2, half), pair_last(xq, xstride, p + 1, 2, half)};
                     __m512i ia[2];
                     joined_sums(T, 2, C, h1, hl, K, b, ia);
                     for (int q = 0; q < 2; q++) scale_into(T, ia[q], _mm512_setzero_si512(), S16, SB16, hl[q], K, b, &acc[p + q]);
@@ -251,7 +256,7 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
             }
 #pragma GCC unroll 8
             for (; p < P; p++) {
-                const uint8_t *h1 = xq + (size_t)p * xstride, *hl = h1 + 2 * (size_t)(levels - 1) * half;
+                const uint8_t *h1 = xq + (size_t)p * xstride, *hl = pair_last(xq, xstride, p, levels, half);
                 __m512i ib = _mm512_setzero_si512(); /* Q6_K's second group */
                 const __m512i ia = pair_sum(T, levels, C, h1, hl, K, b, &ib);
                 scale_into(T, ia, ib, S16, SB16, hl, K, b, &acc[p]);
@@ -275,7 +280,7 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
                 const __m512 MV16 = dup32_ps(Mv);
 #pragma GCC unroll 8
                 for (int64_t p = 0; p < P; p++)
-                    min_into(MV16, xq + (size_t)p * xstride + 2 * (size_t)(levels - 1) * half, K, i * subs + j, &macc[p]);
+                    min_into(MV16, pair_last(xq, xstride, p, levels, half), K, i * subs + j, &macc[p]);
             }
         }
     /* lanes 2r + i to out[(2p + i) 8 + r] */
