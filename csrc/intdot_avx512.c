@@ -254,8 +254,8 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
              * Left to the compiler, their 16 row pointers were computed once for the whole
              * product: more than the registers, they went to the stack and were read back every
              * block (33 loads per Q4_K block of 8 pairs), and loads are what this loop is short of
-             * (512-bit loads go at two a cycle on the Zen 5, its 128 vpdpbusd take 136 broadcast
-             * loads). Recomputed per block they cost adds. Zen 5, alternating builds: the 1.5B's
+             * (broadcast loads to 512 bits go at two a cycle on the Zen 5, bench/vnni_rates.c, and
+             * its 128 vpdpbusd take 136 of them). Recomputed per block they cost adds. Zen 5, alternating builds: the 1.5B's
              * 512-token prefill 230.8-244.5 -> 244.8-259.6 tok/s, the demo's 16-row batched step
              * 1-4% faster in each of 4 rounds. */
             const uint8_t *x0 = xq;
