@@ -21,8 +21,8 @@ from setuptools import Extension, setup
 # The weight types and the matrix products: block formats and their plain reference (quant.c),
 # their AVX2 dequantizers, the integer path's activation rows, its repacked layouts with their
 # plain, AVX2 and AVX-512 VNNI products, the float dot, and the products' driver.
-KERNELS = ["csrc/cpu.c", "csrc/quant.c", "csrc/quant_avx2.c", "csrc/act.c", "csrc/intdot.c", "csrc/intdot_avx2.c",
-           "csrc/intdot_avx512.c", "csrc/intdot_amx.c", "csrc/fdot.c", "csrc/ops.c", "csrc/matmul.c"]
+KERNELS = ["csrc/cpu.c", "csrc/quant.c", "csrc/quant_avx2.c", "csrc/act.c", "csrc/act_avx512.c", "csrc/intdot.c",
+           "csrc/intdot_avx2.c", "csrc/intdot_avx512.c", "csrc/intdot_amx.c", "csrc/fdot.c", "csrc/ops.c", "csrc/matmul.c"]
 
 # Each Python-visible module and the C files it wraps.
 MODULES = {

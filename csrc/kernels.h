@@ -114,6 +114,12 @@ float qw_dot_row_joined(int dtype, const void *row, const void *xj, int64_t n);
 /* Pair row `dst` (qw_act_bytes(QW_Q8_0, n, bits) bytes per row, so twice that) from the act
  * rows a and b of n values (act.c). */
 void qw_pair_act_rows(const uint8_t *a, const uint8_t *b, uint8_t *dst, int64_t n, int bits);
+/* Up to 16 float rows of n values (row m at X + m * ldx, 1 <= rows <= 16) straight into pair rows
+ * (pair p at dst + p * pstride, (rows + 1) / 2 of them, an odd last row paired with itself), for
+ * the 32-value blocks b0 .. b1 - 1: the bytes qw_quantize_act (Q8_0, bits) and qw_pair_act_rows
+ * give those blocks (act_avx512.c; only for a CPU with AVX-512, qw_use_avx512()). */
+void qw_quantize_pairs_avx512(const float *X, size_t ldx, int rows, int64_t n, int bits, uint8_t *dst, size_t pstride,
+                              int64_t b0, int64_t b1);
 
 /* Decode streams every weight matrix from memory once per token, in runs of a few KiB (one 8-row
  * group's records, then the next group's), and the hardware prefetcher alone kept the integer

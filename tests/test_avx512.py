@@ -1,7 +1,8 @@
 """The AVX-512 VNNI integer products (csrc/intdot_avx512.c), run on any CPU through SIMDe.
 
 Both kinds: on 256-bit vectors, and the wide ones that take act rows two at a time in 512-bit
-vectors (with a lone row, or the odd one out, on the 256-bit loop).
+vectors (with a lone row, or the odd one out, on the 256-bit loop). Also the quantizer that
+writes their pair rows straight from float rows (csrc/act_avx512.c).
 
 The file is compiled here a second time, against SIMD Everywhere's portable implementations of
 the AVX-512 intrinsics (QW_SIMDE; the `simde-py` package ships the headers), into a small
@@ -37,13 +38,17 @@ def lib(tmp_path_factory):
     cmd = [cc, "-O1", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-Wno-psabi", "-DQW_SIMDE",
            "-mavx2", "-mfma", "-mf16c",
            f"-I{ROOT / 'csrc'}", f"-I{simde_py.get_include()}", "-fPIC", "-shared", "-o", str(out),
-           str(ROOT / "csrc" / "intdot_avx512.c"), str(ROOT / "tests" / "avx512_harness.c")]
+           str(ROOT / "csrc" / "intdot_avx512.c"), str(ROOT / "csrc" / "act_avx512.c"),
+           str(ROOT / "tests" / "avx512_harness.c")]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lib = ctypes.CDLL(str(out))
     lib.qw_test_r8_avx512.restype = ctypes.c_int
     lib.qw_test_r8_avx512.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
                                       ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_void_p]
+    lib.qw_quantize_pairs_avx512.restype = None
+    lib.qw_quantize_pairs_avx512.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
+                                             ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_int64]
     return lib
 
 
@@ -167,3 +172,65 @@ def test_falsifier_pair_rows_without_offset_sums(lib, avx2, name, bits):
                                  plain.shape[1], 4, out.ctypes.data) == 0
     assert not np.allclose(out, want, rtol=1e-3, atol=1e-3)
     np.testing.assert_array_equal(avx512_product(lib, CODE[name], bits, packed, K, xq, 4, True), want)
+
+
+def fused_pair_rows(lib, x, bits, splits):
+    """qw_quantize_pairs_avx512's pair rows of the float rows x (at most 16), written block range
+    by block range (splits: the blocks where a call ends)."""
+    rows, K = x.shape
+    used = _quant.act_bytes(CODE["Q8_0"], K, bits)
+    out = np.full(((rows + 1) // 2, 2 * used), 0xA5, np.uint8)
+    b0 = 0
+    for b1 in list(splits) + [K // 32]:
+        lib.qw_quantize_pairs_avx512(x.ctypes.data, K, rows, K, bits, out.ctypes.data, out.shape[1], b0, b1)
+        b0 = b1
+    return out
+
+
+def awkward_rows(K, rng):
+    """16 float rows of K values with the act blocks that test the quantizer's cases (test_quant's
+    awkward_act_rows where K has room for them: zeros, tiny and subnormal values, -0, ties, the
+    level-2 clamp, +-inf and NaN), else act_inputs' four kinds."""
+    from test_quant import awkward_act_rows
+    if K >= 192:
+        return np.ascontiguousarray(awkward_act_rows(K, rng)[[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 20, 21, 22, 34, 10, 11]])
+    x = act_inputs(K, rng)[np.arange(16) % 4] * np.float32(1 + np.arange(16)[:, None])
+    x[5, 3] = np.inf
+    x[6, 0] = np.nan
+    return np.ascontiguousarray(x)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="builds a shared library with the system C compiler")
+@pytest.mark.parametrize("bits", [8, 16])
+def test_fused_quantizer_writes_the_pair_rows(lib, bits):
+    """The pair rows quantized straight from float rows (csrc/act_avx512.c, 16 rows a block) are
+    byte for byte act.c's act rows of the same floats laid out as pair rows (pair_rows, written
+    here from kernels.h's description): every row count from 1 to 16 (an odd last row paired with
+    itself), awkward blocks included, the blocks in one call or in two or three ranges."""
+    for K in (32, 96, 288, 1184):
+        x = awkward_rows(K, np.random.default_rng(K + bits))
+        nb = K // 32
+        for rows in range(1, 17):
+            xs = np.ascontiguousarray(x[:rows])
+            want = pair_rows(_quant.quantize_activations(xs, CODE["Q8_0"], bits=bits), K, bits)
+            for splits in ([], [nb // 2], [nb // 3, 2 * nb // 3]):
+                np.testing.assert_array_equal(fused_pair_rows(lib, xs, bits, splits), want,
+                                              err_msg=f"K={K} rows={rows} int{bits} splits={splits}")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="builds a shared library with the system C compiler")
+@pytest.mark.parametrize("bits", [8, 16])
+def test_falsifier_fused_quantizer_comparison_sees_one_code(lib, bits):
+    """The comparison above sees one act value moved by its block's scale (its code and the
+    block's sums change), and a range of blocks left out."""
+    K, rows = 96, 5
+    x = awkward_rows(K, np.random.default_rng(1))[:rows].copy()
+    want = pair_rows(_quant.quantize_activations(x, CODE["Q8_0"], bits=bits), K, bits)
+    moved = x.copy()
+    moved[0, 40] += np.abs(moved[0, 32:64]).max() / np.float32(127)
+    assert not np.array_equal(fused_pair_rows(lib, moved, bits, []), want)
+    out = fused_pair_rows(lib, x, bits, [])
+    np.testing.assert_array_equal(out, want)
+    partial = np.full_like(out, 0xA5)
+    lib.qw_quantize_pairs_avx512(x.ctypes.data, K, rows, K, bits, partial.ctypes.data, partial.shape[1], 0, 2)
+    assert not np.array_equal(partial, want)
