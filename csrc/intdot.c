@@ -461,6 +461,15 @@ qw_r8_fn qw_r8_kernel_pairs(int dtype, int bits) {
     return NULL;
 }
 
+qw_r8_two_fn qw_r8_kernel_pairs2(int dtype, int bits) {
+#if QW_HAVE_X86
+    if (qw_use_avx512w()) return qw_r8_kernel_avx512w2(dtype, bits);
+#endif
+    (void)dtype;
+    (void)bits;
+    return NULL;
+}
+
 qw_r8_fn qw_r8_kernel_vertical(int dtype) {
 #if QW_HAVE_X86
     if (qw_use_avx2() && !qw_use_avx512()) return qw_r8_kernel_vertical_avx2(dtype);

@@ -151,6 +151,12 @@ static inline void qw_prefetch_share(const uint8_t *rec, int rec_bytes, int subs
 qw_r8_fn qw_r8_kernel_avx2(int dtype, int bits);
 qw_r8_fn qw_r8_kernel_avx512(int dtype, int bits);
 qw_r8_fn qw_r8_kernel_avx512w(int dtype, int bits);
+/* Two consecutive repacked groups (16 weight rows) with M = 8 or 16 act rows as pair rows:
+ * out[(h * M + m) * 8 + r] for row r of group h and act row m, the bits the pair kernel gives each
+ * group alone (intdot_avx512.c: Q4_0 and Q5_0, 16-bit rows; NULL for the others). */
+typedef void (*qw_r8_two_fn)(const uint8_t *groups, int64_t K, const uint8_t *xq, size_t xstride, int64_t M,
+                             float *out);
+qw_r8_two_fn qw_r8_kernel_avx512w2(int dtype, int bits);
 /* intdot_avx2.c: the AVX2 16-bit products on vertical blocks of joined rows. */
 qw_r8_fn qw_r8_kernel_vertical_avx2(int dtype);
 
@@ -160,6 +166,8 @@ qw_r8_fn qw_r8_kernel(int dtype, int bits);
 /* The pair kernel for `dtype` on the current SIMD setting, or NULL where that has none (then
  * qw_r8_kernel's is the one). */
 qw_r8_fn qw_r8_kernel_pairs(int dtype, int bits);
+/* Its two-group form on the current SIMD setting, or NULL where that has none. */
+qw_r8_two_fn qw_r8_kernel_pairs2(int dtype, int bits);
 /* The 16-bit kernel for `dtype` that takes vertical blocks of joined rows, on the current SIMD
  * setting, or NULL where that has none (the AVX2 path has them: there the two levels' byte
  * products cost more than the joined rows' 16-bit ones; an 8-bit row's one level costs less, so

@@ -192,6 +192,7 @@ typedef struct plan {
     const qw_product *p;
     const struct plan *mate; /* a swiglu group's up product, on the gate's plan: its items take both */
     qw_r8_fn idot;        /* the integer product, or NULL for the float path */
+    qw_r8_two_fn idot2;   /* with pair rows, its two-group form where the type has one, else NULL */
     int base;             /* the stored type (W's type, or the one it was repacked from) */
     int repacked;         /* W is in the R8 layout */
     int pairs;            /* idot is a pair kernel: the act rows are pair rows */
@@ -317,7 +318,7 @@ static void product_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, cons
                          int64_t m0, int64_t m1, uint8_t *pack, uint8_t *amx, const kpass *ks) {
     const qw_product *p = pl->p;
     size_t gb = qw_r8_group_bytes(pl->base, K);
-    float out[QW_R8_MAX_M * 8];
+    float out[2 * QW_R8_MAX_M * 8];
     const uint8_t *groups = item_groups(pl, n0, nb, K, pack);
     if (pl->amx && m1 - m0 >= 16) {
         /* the round's whole 16-row blocks: two groups at a time, each pair unpacked once for all
@@ -346,7 +347,15 @@ static void product_item(const plan *pl, int64_t n0, int64_t nb, int64_t K, cons
         for (int64_t g0 = n0; g0 < n0 + nb; g0 += 8) {
             int rows = n0 + nb - g0 < 8 ? (int)(n0 + nb - g0) : 8;
             /* m is a multiple of QW_R8_MAX_M, so even: pair m / 2 starts there */
-            pl->idot(groups + (size_t)((g0 - n0) / 8) * gb, K, x, xstride, mb, out);
+            const uint8_t *group = groups + (size_t)((g0 - n0) / 8) * gb;
+            if (pl->idot2 && (mb == 16 || mb == 8) && n0 + nb - g0 >= 16) { /* two whole groups at once */
+                pl->idot2(group, K, x, xstride, mb, out);
+                put_outputs(p, m, mb, g0, 8, out, 8);
+                put_outputs(p, m, mb, g0 + 8, 8, out + mb * 8, 8);
+                g0 += 8;
+                continue;
+            }
+            pl->idot(group, K, x, xstride, mb, out);
             put_outputs(p, m, mb, g0, rows, out, 8);
         }
     }
@@ -530,6 +539,7 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
         pl[i].vertical = vertical;
         pl[i].idot = !act ? NULL : pairs ? qw_r8_kernel_pairs(pl[i].base, act)
                    : vertical ? qw_r8_kernel_vertical(pl[i].base) : qw_r8_kernel(pl[i].base, act);
+        pl[i].idot2 = pairs && act ? qw_r8_kernel_pairs2(pl[i].base, act) : NULL;
         pl[i].amx = !amx || !pl[i].idot ? NULL : bf16 ? qw_amx_kernel_bf16(pl[i].base) : qw_amx_kernel(pl[i].base, act);
         pl[i].stride = qw_row_bytes(p[i].dtype, K);
         if (pl[i].idot) {

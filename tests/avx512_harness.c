@@ -9,3 +9,11 @@ int qw_test_r8_avx512(int dtype, int bits, int wide, const uint8_t *group, int64
     k(group, K, xq, xstride, M, out);
     return 0;
 }
+
+int qw_test_r8_two_avx512(int dtype, int bits, const uint8_t *groups, int64_t K, const uint8_t *xq, size_t xstride,
+                          int64_t M, float *out) {
+    qw_r8_two_fn k = qw_r8_kernel_avx512w2(dtype, bits);
+    if (!k) return -1;
+    k(groups, K, xq, xstride, M, out);
+    return 0;
+}

@@ -46,6 +46,9 @@ def lib(tmp_path_factory):
     lib.qw_test_r8_avx512.restype = ctypes.c_int
     lib.qw_test_r8_avx512.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
                                       ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_void_p]
+    lib.qw_test_r8_two_avx512.restype = ctypes.c_int
+    lib.qw_test_r8_two_avx512.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                          ctypes.c_size_t, ctypes.c_int64, ctypes.c_void_p]
     lib.qw_quantize_pairs_avx512.restype = None
     lib.qw_quantize_pairs_avx512.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
                                              ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_int64]
@@ -234,3 +237,53 @@ def test_falsifier_fused_quantizer_comparison_sees_one_code(lib, bits):
     partial = np.full_like(out, 0xA5)
     lib.qw_quantize_pairs_avx512(x.ctypes.data, K, rows, K, bits, partial.ctypes.data, partial.shape[1], 0, 2)
     assert not np.array_equal(partial, want)
+
+
+def two_group_product(lib, dtype, bits, packed, K, x, M):
+    """The two-group pair kernel's outputs for 16 weight rows (two repacked groups) and M act rows,
+    as [M, 16]; None where the type has no such kernel."""
+    xq = pair_rows(np.ascontiguousarray(_quant.quantize_activations(x, dtype, bits=bits)), K, bits)
+    out = np.full((2, M, 8), np.nan, np.float32)
+    if lib.qw_test_r8_two_avx512(dtype, bits, packed.ctypes.data, K, xq.ctypes.data, xq.shape[1], M,
+                                 out.ctypes.data) != 0:
+        return None
+    return out.transpose(1, 0, 2).reshape(M, 16)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="builds a shared library with the system C compiler")
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+def test_two_group_pair_kernels_equal_avx2(lib, avx2, name):
+    """The pair kernels that take two groups (16 weight rows) per act broadcast (Q4_0 and Q5_0,
+    16-bit rows, 8 or 16 act rows) give the AVX2 path's bits for all 16 rows; the other types and
+    8-bit rows have none (the matmul then calls the one-group kernel)."""
+    has = name in ("Q4_0", "Q5_0")
+    for K in K_CASES[name]:
+        data = synthetic(name, 16, K, seed=K + 21).reshape(-1)
+        packed, r8 = _ops.repack(data, CODE[name], 16, K)
+        for M in (8, 16):
+            x = np.ascontiguousarray(act_inputs(K, np.random.default_rng(M + K))[np.arange(M) % 4]
+                                     * np.float32(1 + np.arange(M)[:, None]))
+            want = np.empty((M, 16), np.float32)
+            _ops.matmul(packed, r8, 16, K, x, want, None, 16)
+            got = two_group_product(lib, CODE[name], 16, packed, K, x, M)
+            assert (got is not None) == has
+            if has:
+                np.testing.assert_array_equal(got, want, err_msg=f"{name} K={K} M={M}")
+        assert two_group_product(lib, CODE[name], 8, packed, K, x, 16) is None
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="builds a shared library with the system C compiler")
+def test_falsifier_two_group_kernel_sees_the_second_group(lib, avx2):
+    """The comparison above sees one code changed in the second group's weights."""
+    K = 96
+    data = synthetic("Q5_0", 16, K, seed=4).reshape(-1)
+    packed, r8 = _ops.repack(data, CODE["Q5_0"], 16, K)
+    x = np.ascontiguousarray(act_inputs(K, np.random.default_rng(3))[np.arange(16) % 4])
+    want = np.empty((16, 16), np.float32)
+    _ops.matmul(packed, r8, 16, K, x, want, None, 16)
+    np.testing.assert_array_equal(two_group_product(lib, CODE["Q5_0"], 16, packed, K, x, 16), want)
+    bad = packed.copy()
+    bad[len(bad) // 2 + 100] ^= 0x01  # a code of the second group's first record
+    got = two_group_product(lib, CODE["Q5_0"], 16, bad, K, x, 16)
+    assert not np.array_equal(got[:, 8:], want[:, 8:])
+    np.testing.assert_array_equal(got[:, :8], want[:, :8])
