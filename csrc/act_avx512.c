@@ -69,9 +69,11 @@ R8_TARGET void qw_quantize_pairs_avx512(const float *X, size_t ldx, int rows, in
         const float *x[16];
         for (int m = 0; m < 16; m++) x[m] = X + (size_t)(m < rows ? m : rows - 1) * ldx + 32 * (size_t)b;
         __m512 ab[16];
-        for (int m = 0; m < 16; m++)
-            ab[red_at[m]] = _mm512_castsi512_ps(_mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x[m])), abs_mask),
-                                                                 _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x[m] + 16)), abs_mask)));
+        for (int m = 0; m < 16; m++) {
+            const __m512i lo = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x[m])), abs_mask);
+            const __m512i hi = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x[m] + 16)), abs_mask);
+            ab[red_at[m]] = _mm512_castsi512_ps(_mm512_max_epu32(lo, hi));
+        }
         /* act_scale for the 16 rows */
         _Alignas(64) float idd[16];
         __m512 dd;

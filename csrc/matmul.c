@@ -65,10 +65,10 @@ static void *worker_buf(void **buf, size_t *cap, size_t need, int *ok) {
  * instead, *stride = bytes per pair, the odd last row paired with itself. On AVX-512 (where the
  * pair kernels are) 16 rows at a time go straight into their pair rows (act_avx512.c), the work
  * shared out by rows and, below a 16-row block per thread, by blocks of K: on a Zen 5, one
- * thread quantized the demo's 16 rows of 4,864 values in 19-20 us instead of 45-48 us. Elsewhere each
- * pair's two rows are quantized into the thread's own buffer and paired from there, so a long
- * prompt's plain rows are never all held at once (12 MiB for a 512-token chunk of the 1.5B's
- * down projection in int16). NULL when out of memory. */
+ * thread quantized the demo's 16 rows of 4,864 values in 19-20 us instead of 45-48 us.
+ * Elsewhere each pair's two rows are quantized into the thread's own buffer and paired from
+ * there, so a long prompt's plain rows are never all held at once (12 MiB for a 512-token chunk
+ * of the 1.5B's down projection in int16). NULL when out of memory. */
 static const uint8_t *quantize_rows(int bits, const float *X, int64_t M, int64_t K, int pairs, size_t *stride) {
     const size_t used = qw_act_bytes(QW_Q8_0, K, bits), act = (used + 63) & ~(size_t)63;
     const int64_t P = (M + 1) / 2;
