@@ -205,37 +205,14 @@ QW_TARGET_AVX2 static void quantize_act16_avx2(const float *x, void *dst, int64_
 
 /* ---------------------------------------------------------------- pair rows (kernels.h) */
 
-/* dst: a's and b's [o, used) interleaved 4 bytes at a time. */
-static void interleave4_plain(const uint8_t *a, const uint8_t *b, uint8_t *dst, size_t o, size_t used) {
-    for (; o < used; o += 4) {
+/* The plain reference of the pair rows (the pair kernels' own rows come straight from the float
+ * rows, act_avx512.c): a's and b's bytes interleaved 4 at a time, then the offset fields. */
+void qw_pair_act_rows(const uint8_t *a, const uint8_t *b, uint8_t *dst, int64_t n, int bits) {
+    const size_t used = qw_act_bytes(QW_Q8_0, n, bits), half = ACT_HALF(n);
+    for (size_t o = 0; o < used; o += 4) {
         memcpy(dst + 2 * o, a + o, 4);
         memcpy(dst + 2 * o + 4, b + o, 4);
     }
-}
-
-#if QW_HAVE_X86
-/* The same 32 bytes of each row at a time: the byte-by-byte loop was half the time of building
- * the pair rows of a batched decode step, which runs on one thread (8 rows of the demo). */
-QW_TARGET_AVX2 static void interleave4_avx2(const uint8_t *a, const uint8_t *b, uint8_t *dst, size_t used) {
-    size_t o = 0;
-    for (; o + 32 <= used; o += 32) {
-        __m256i x = load32(a + o), y = load32(b + o);
-        __m256i lo = _mm256_unpacklo_epi32(x, y), hi = _mm256_unpackhi_epi32(x, y); /* per 128-bit lane */
-        _mm256_storeu_si256((__m256i *)(dst + 2 * o), _mm256_permute2x128_si256(lo, hi, 0x20));
-        _mm256_storeu_si256((__m256i *)(dst + 2 * o + 32), _mm256_permute2x128_si256(lo, hi, 0x31));
-    }
-    interleave4_plain(a, b, dst, o, used);
-}
-#endif
-
-void qw_pair_act_rows(const uint8_t *a, const uint8_t *b, uint8_t *dst, int64_t n, int bits) {
-    const size_t used = qw_act_bytes(QW_Q8_0, n, bits), half = ACT_HALF(n);
-#if QW_HAVE_X86
-    if (qw_use_avx2())
-        interleave4_avx2(a, b, dst, used);
-    else
-#endif
-        interleave4_plain(a, b, dst, 0, used);
     for (int r = 0; r < 2; r++) {
         const uint8_t *x = r ? b : a;
         const int16_t *s1 = ACT_BSUMS(x, n), *s2 = ACT_BSUMS(x + half, n);

@@ -7,11 +7,12 @@
  * 16-row step on a Zen 5 (perf samples). Here a block is quantized for 16 rows at once, as the
  * AMX quantizer does (intdot_amx.c): their maxima reduced together, their scales from one vector
  * of the same IEEE divisions, their code sums from three reductions of 16 vectors, and each
- * pair's codes interleaved in registers and written once. A sum of -0 codes is made +0, as the
- * integer sums give it (the byte test caught a block of -0 values' s = -0).
+ * pair's codes interleaved in registers and written once (act_avx512.h has what the two share).
+ * Zero codes are +0, as integer sums give them (a block of -0 values once had s = -0 here; the
+ * byte test caught it).
  *
- * Every value is what act.c computes: the same act_scale (qblock.h; its cases repeated here, a
- * change to one is a change to both), round to nearest even on the same products, level 2 from
+ * Every value is what act.c computes: the same act_scale (qblock.h; its cases repeated in
+ * act_avx512.h, a change to one is a change to both), round to nearest even on the same products, level 2 from
  * the same exact difference, and code sums that are whole numbers far below 2^24, exact as float
  * sums in any order. Compiled for the AVX-512 machines (matmul.c asks qw_use_avx512()); the tests
  * also build it against SIMDe (QW_SIMDE, tests/test_avx512.py), which runs it on any CPU. */
@@ -37,9 +38,7 @@
 #if QW_BUILD_ACT512
 
 #define INLINE __attribute__((always_inline)) static inline
-#include "red16_avx512.h"
-
-R8_TARGET INLINE __m128i codes16(__m512 v) { return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)); }
+#include "act_avx512.h"
 
 /* A pair's 64 code bytes of one block and level: rows a's and b's 32 codes (two halves each)
  * interleaved 4 bytes at a time. */
@@ -61,33 +60,18 @@ R8_TARGET void qw_quantize_pairs_avx512(const float *X, size_t ldx, int rows, in
     const int levels = bits == 16 ? 2 : 1, pairs = (rows + 1) / 2;
     const size_t nb = (size_t)(n / QK), level2 = 2 * ACT_HALF(n); /* level 2 from a pair row's start */
     const size_t fd = 2 * (size_t)n, fs = fd + 8 * nb, fb = fs + 8 * nb; /* block 0's d, s and code sums */
-    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-    const __m512 k256 = _mm512_set1_ps(256.0f), lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f);
-    const __m512 zero = _mm512_setzero_ps();
-    const int near = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512 k256 = _mm512_set1_ps(256.0f), zero = _mm512_setzero_ps();
     for (int64_t b = b0; b < b1; b++) {
         const float *x[16];
-        for (int m = 0; m < 16; m++) x[m] = X + (size_t)(m < rows ? m : rows - 1) * ldx + 32 * (size_t)b;
         __m512 ab[16];
         for (int m = 0; m < 16; m++) {
-            const __m512i lo = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x[m])), abs_mask);
-            const __m512i hi = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x[m] + 16)), abs_mask);
-            ab[red_at[m]] = _mm512_castsi512_ps(_mm512_max_epu32(lo, hi));
+            x[m] = X + (size_t)(m < rows ? m : rows - 1) * ldx + 32 * (size_t)b;
+            ab[red_at[m]] = amax_halves(x[m]);
         }
-        /* act_scale for the 16 rows */
         _Alignas(64) float idd[16];
-        __m512 dd;
-        __mmask16 finite;
-        {
-            const __m512i am = _mm512_castps_si512(red16_max_u32(ab));
-            finite = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(0x7f800000), am); /* sign bits clear */
-            const __m512 a = _mm512_castsi512_ps(am);
-            const __mmask16 big = finite & _mm512_cmp_ps_mask(a, _mm512_set1_ps(ACT_TINY), _CMP_GE_OQ);
-            const __m512 d = _mm512_div_ps(a, _mm512_set1_ps(127.0f));
-            const __m512 id = _mm512_div_ps(_mm512_set1_ps(1.0f), d);
-            dd = _mm512_mask_mov_ps(_mm512_mask_mov_ps(_mm512_set1_ps(NAN), finite, zero), big, d);
-            _mm512_store_ps(idd, _mm512_maskz_mov_ps(big, id));
-        }
+        __m512 dd, vidd;
+        const __mmask16 finite = act_scale16(ab, &dd, &vidd);
+        _mm512_store_ps(idd, vidd);
         /* each pair's codes, and each row's code sums to reduce: level 1's, level 2's, and the
          * low 16 values' (joined, 256 q1 + q2, for 16 bits) */
         __m512 l1s[16], l2s[16], los[16];
@@ -96,17 +80,8 @@ R8_TARGET void qw_quantize_pairs_avx512(const float *X, size_t ldx, int rows, in
             for (int i = 0; i < 2; i++) {
                 const int m = 2 * p + i;
                 __m512 l1[2] = {zero, zero}, l2[2] = {zero, zero};
-                if (p < pairs && (finite >> m & 1)) { /* a block with a non-finite value has zero codes */
-                    const __m512 vid = _mm512_set1_ps(idd[m]);
-                    for (int h = 0; h < 2; h++) {
-                        const __m512 t = _mm512_mul_ps(_mm512_loadu_ps(x[m] + 16 * h), vid);
-                        l1[h] = _mm512_roundscale_ps(t, near);
-                        if (levels == 2) {
-                            const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(t, l1[h]), k256), near);
-                            l2[h] = _mm512_max_ps(_mm512_min_ps(r, lim), nlim);
-                        }
-                    }
-                }
+                if (p < pairs && (finite >> m & 1)) /* a block with a non-finite value has zero codes */
+                    act_levels(x[m], _mm512_set1_ps(idd[m]), levels, l1, l2);
                 for (int h = 0; h < 2; h++) {
                     c1[i][h] = codes16(l1[h]);
                     c2[i][h] = codes16(l2[h]);
@@ -122,7 +97,7 @@ R8_TARGET void qw_quantize_pairs_avx512(const float *X, size_t ldx, int rows, in
             }
         }
         /* the fields, as act.c and qw_pair_act_rows write them */
-        const __m512 s1 = _mm512_add_ps(red16_add(l1s), zero), lo = red16_add(los); /* + 0: a sum of -0 codes is +0 */
+        const __m512 s1 = red16_add(l1s), lo = red16_add(los);
         const size_t at = 8 * (size_t)b;
         const __m512i nlo = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_cvtps_epi32(lo));
         put_fields(_mm512_castps_si512(dd), dst, pstride, fd + at, pairs);

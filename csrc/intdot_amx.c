@@ -219,7 +219,7 @@ R8_TARGET INLINE void put_pairs(uint8_t *B, const __m256i c0[8], const __m256i c
     }
 }
 
-#include "red16_avx512.h"
+#include "act_avx512.h"
 
 /* 16 float rows `ldx` values apart straight into an AMX block (kernels.h; with bf16, the bf16
  * kernels' form): the codes and scales act.c's quantizers give those rows (the same act_scale,
@@ -228,56 +228,26 @@ R8_TARGET INLINE void put_pairs(uint8_t *B, const __m256i c0[8], const __m256i c
  * (|t| <= 127 after act_scale), so the bf16 value 256 q1 needs no trip through an integer; zeros
  * are made +0, the bf16 an integer 0 gives. The code sums, whole numbers far below 2^24, are
  * exact as float sums in any order. A block's rows go in two passes: their maxima (all 16
- * reduced together, then each row's scale), then their codes and code sums. */
-R8_TARGET INLINE __m128i codes16(__m512 v) { return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)); }
+ * reduced together, then each row's scale), then their codes and code sums (act_avx512.h). */
 
 R8_TARGET void qw_amx_quantize_x86(const float *X, size_t ldx, int64_t n, int bits, int bf16, uint8_t *dst) {
     const int levels = bits == 16 ? 2 : 1;
     const size_t per = bf16 ? QW_AMX_ACT_BLOCK_BF16 : QW_AMX_ACT_BLOCK(bits), lsize = bf16 ? 1024 : 512;
-    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-    const __m512 k256 = _mm512_set1_ps(256.0f), lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f);
-    const __m512 zero = _mm512_setzero_ps();
-    const int near = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512 k256 = _mm512_set1_ps(256.0f), zero = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / 32; b++) {
         uint8_t *rec = dst + (size_t)b * per;
         float *d = (float *)(rec + lsize * (size_t)levels), *s = d + 16;
         const float *xb = X + 32 * (size_t)b;
         __m512 ab[16], l1s[16], l2s[16];
-        for (int m = 0; m < 16; m++) {
-            const float *x = xb + (size_t)m * ldx;
-            ab[red_at[m]] = _mm512_castsi512_ps(_mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x)), abs_mask),
-                                                                 _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + 16)), abs_mask)));
-        }
-        /* qblock.h's act_scale for the 16 rows at once (its cases and divisions; a change to one
-         * is a change to both): the same IEEE divisions, correctly rounded in a vector as one at
-         * a time (32 scalar divisions a block were a bottleneck of their own) */
+        for (int m = 0; m < 16; m++) ab[red_at[m]] = amax_halves(xb + (size_t)m * ldx);
         _Alignas(64) float dd[16], idd[16];
-        __mmask16 finite;
-        {
-            const __m512i am = _mm512_castps_si512(red16_max_u32(ab));
-            finite = _mm512_cmplt_epu32_mask(am, _mm512_set1_epi32(0x7f800000));
-            const __m512 a = _mm512_castsi512_ps(am);
-            const __mmask16 big = finite & _mm512_cmp_ps_mask(a, _mm512_set1_ps(ACT_TINY), _CMP_GE_OQ);
-            const __m512 d = _mm512_div_ps(a, _mm512_set1_ps(127.0f));
-            const __m512 id = _mm512_div_ps(_mm512_set1_ps(1.0f), d);
-            _mm512_store_ps(dd, _mm512_mask_mov_ps(_mm512_mask_mov_ps(_mm512_set1_ps(NAN), finite, zero), big, d));
-            _mm512_store_ps(idd, _mm512_maskz_mov_ps(big, id));
-        }
+        __m512 vdd, vidd;
+        const __mmask16 finite = act_scale16(ab, &vdd, &vidd);
+        _mm512_store_ps(dd, vdd);
+        _mm512_store_ps(idd, vidd);
         for (int m = 0; m < 16; m++) {
-            const float *x = xb + (size_t)m * ldx;
             __m512 l1[2] = {zero, zero}, l2[2] = {zero, zero};
-            if (finite >> m & 1) {
-                const __m512 vid = _mm512_set1_ps(idd[m]);
-                for (int h = 0; h < 2; h++) {
-                    const __m512 t = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * h), vid);
-                    const __m512 a = _mm512_roundscale_ps(t, near);
-                    l1[h] = _mm512_add_ps(a, zero);
-                    if (levels == 2) {
-                        const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(t, a), k256), near);
-                        l2[h] = _mm512_add_ps(_mm512_max_ps(_mm512_min_ps(r, lim), nlim), zero);
-                    }
-                }
-            }
+            if (finite >> m & 1) act_levels(xb + (size_t)m * ldx, _mm512_set1_ps(idd[m]), levels, l1, l2);
             l1s[red_at[m]] = _mm512_add_ps(l1[0], l1[1]);
             l2s[red_at[m]] = _mm512_add_ps(l2[0], l2[1]);
             for (int h = 0; h < 2; h++) {

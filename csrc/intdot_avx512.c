@@ -124,9 +124,25 @@ R8_TARGET INLINE __m512i dot_steps_pair(__m512i start, const __m512i C[8], const
     return _mm512_add_epi32(a, b);
 }
 
+/* unpack_sub for the pair kernels: the step vectors and scales with their lanes doubled. */
+R8_TARGET INLINE void unpack_wide(const int T, const uint8_t *rec, int j, __m256 D, __m256 Dmin, __m512i C[8],
+                                  __m512 *S16, __m512 *SB16, __m256 *Mv) {
+    __m256i c[8];
+    __m256 S, Sb;
+    unpack_sub(T, rec, j, D, Dmin, c, &S, &Sb, Mv);
+    for (int s = 0; s < 8; s++) C[s] = dup32(c[s]);
+    *S16 = dup32_ps(S);
+    *SB16 = dup32_ps(Sb);
+}
+
 /* log2 of the code offset of Q4_0 (8), Q5_0 (16), Q8_0 (128) and Q6_K (32); 0 for the others. */
 INLINE int offset_shift(const int T) {
     return T == QW_Q4_0 ? 3 : T == QW_Q5_0 ? 4 : T == QW_Q8_0 ? 7 : T == QW_Q6_K ? 5 : 0;
+}
+
+/* 256 I1 + I2 from a pair's four chains: level 1's even and odd steps, then level 2's. */
+R8_TARGET INLINE __m512i join_levels(const __m512i s[4]) {
+    return _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(s[0], s[1]), 8), _mm512_add_epi32(s[2], s[3]));
 }
 
 /* The joined sums (256 I1 + I2, the code offsets taken off as level 2's start) of 16-bit pair
@@ -158,9 +174,7 @@ R8_TARGET INLINE void joined_sums(const int T, const int n, const __m512i C[8], 
             s[q][2] = _mm512_dpbusd_epi32(s[q][2], C[st], bcast8(cl[q] + 8 * st));
             s[q][3] = _mm512_dpbusd_epi32(s[q][3], C[st + 1], bcast8(cl[q] + 8 * st + 8));
         }
-    for (int q = 0; q < n; q++)
-        out[q] = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(s[q][0], s[q][1]), 8),
-                                  _mm512_add_epi32(s[q][2], s[q][3]));
+    for (int q = 0; q < n; q++) out[q] = join_levels(s[q]);
 }
 
 /* row_sum for a pair, its level 1 a pair row's half starting at h1 and its last level one at hl.
@@ -244,20 +258,17 @@ R8_TARGET INLINE void product_pairs(const int T, const int BITS, const uint8_t *
         for (int j = 0; j < subs; j++) {
             const int64_t b = i * subs + j;
             qw_prefetch_share(rec, rb, subs, j);
-            __m256i c[8];
-            __m256 S, Sb;
-            unpack_sub(T, rec, j, D, Dmin, c, &S, &Sb, &Mv);
             __m512i C[8];
-            for (int s = 0; s < 8; s++) C[s] = dup32(c[s]);
-            const __m512 S16 = dup32_ps(S), SB16 = dup32_ps(Sb);
+            __m512 S16, SB16;
+            unpack_wide(T, rec, j, D, Dmin, C, &S16, &SB16, &Mv);
             /* The pairs' rows from the block's own copies of their start, stride and level offset.
              * Left to the compiler, their 16 row pointers were computed once for the whole
              * product: more than the registers, they went to the stack and were read back every
              * block (33 loads per Q4_K block of 8 pairs), and loads are what this loop is short of
              * (broadcast loads to 512 bits go at two a cycle on the Zen 5, bench/vnni_rates.c, and
-             * its 128 vpdpbusd take 136 of them). Recomputed per block they cost adds. Zen 5, alternating builds: the 1.5B's
-             * 512-token prefill 230.8-244.5 -> 244.8-259.6 tok/s, the demo's 16-row batched step
-             * 1-4% faster in each of 4 rounds. */
+             * its 128 vpdpbusd take 136 of them). Recomputed per block they cost adds. Zen 5,
+             * alternating builds: the 1.5B's 512-token prefill 230.8-244.5 -> 244.8-259.6 tok/s,
+             * the demo's 16-row batched step 1-4% faster in each of 4 rounds. */
             const uint8_t *x0 = xq;
             size_t xs = xstride, lh = half;
             opaque(&x0, &xs, &lh);
@@ -343,12 +354,9 @@ R8_TARGET INLINE void product_pairs2(const int T, const uint8_t *g, int64_t K, c
             const uint8_t *rec = g + (size_t)h * gb + (size_t)b * (size_t)rb;
             qw_prefetch_share(rec, rb, 1, 0);
             __m256 Mv, Dmin;
+            __m512 SB16; /* Q6_K's second group: none here */
             const __m256 D = record_scales(T, rec, &Mv, &Dmin);
-            __m256i c[8];
-            __m256 S, Sb;
-            unpack_sub(T, rec, 0, D, Dmin, c, &S, &Sb, &Mv);
-            for (int s = 0; s < 8; s++) C[h][s] = dup32(c[s]);
-            S16[h] = dup32_ps(S);
+            unpack_wide(T, rec, 0, D, Dmin, C[h], &S16[h], &SB16, &Mv);
         }
         const uint8_t *x0 = xq;
         size_t xs = xstride, lh = half;
@@ -375,11 +383,8 @@ R8_TARGET INLINE void product_pairs2(const int T, const uint8_t *g, int64_t K, c
                     s[h][3] = _mm512_dpbusd_epi32(s[h][3], C[h][st + 1], o2);
                 }
             }
-            for (int h = 0; h < 2; h++) {
-                const __m512i ia = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(s[h][0], s[h][1]), 8),
-                                                    _mm512_add_epi32(s[h][2], s[h][3]));
-                scale_into(T, ia, _mm512_setzero_si512(), S16[h], S16[h], hl, K, b, &acc[h][p]);
-            }
+            for (int h = 0; h < 2; h++)
+                scale_into(T, join_levels(s[h]), _mm512_setzero_si512(), S16[h], S16[h], hl, K, b, &acc[h][p]);
         }
     }
     /* lanes 2r + i to out[(h M + 2p + i) 8 + r] */

@@ -47,7 +47,8 @@ typedef void (*qw_r8_fn)(const uint8_t *group, int64_t K, const uint8_t *xq, siz
  *   16-bit rows: in level 1's field, the int32 -(256 s1_lo + s2_lo), the low 16-value group's
  *                sum of the joined codes 256 q1 + q2; in level 2's, -(256 s1 + s2), the whole
  *                block's (s1, s2: the levels' block code sums; lo: of the first 16 values).
- * qw_pair_act_rows builds them. */
+ * qw_quantize_pairs_avx512 builds them from float rows; qw_pair_act_rows, the plain reference,
+ * from act rows. */
 
 /* The AMX kernels take 16 act rows as one AMX block: per 32-value block, each level's codes as
  * 16 rows of 32 (tile A as it is loaded, 512 bytes a level), then the last level's d and s of the
@@ -112,7 +113,7 @@ void qw_vertical_act_rows(const uint8_t *joined, size_t stride, int rows, uint8_
 float qw_dot_row_joined(int dtype, const void *row, const void *xj, int64_t n);
 
 /* Pair row `dst` (qw_act_bytes(QW_Q8_0, n, bits) bytes per row, so twice that) from the act
- * rows a and b of n values (act.c). */
+ * rows a and b of n values (act.c; plain C, the reference the tests hold the pair rows to). */
 void qw_pair_act_rows(const uint8_t *a, const uint8_t *b, uint8_t *dst, int64_t n, int bits);
 /* Up to 16 float rows of n values (row m at X + m * ldx, 1 <= rows <= 16) straight into pair rows
  * (pair p at dst + p * pstride, (rows + 1) / 2 of them, an odd last row paired with itself), for

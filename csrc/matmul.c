@@ -24,8 +24,8 @@
 /* ---------------------------------------------------------------- buffers
  *
  * Owned by the thread that uses them and grown on demand, so decode allocates nothing per token:
- * the calling thread's act rows (or pair rows), and each worker thread's tile and two act rows
- * to pair. */
+ * the calling thread's act rows (or pair rows), and each worker thread's tile and the act rows it
+ * joins for vertical blocks. */
 
 static _Thread_local uint8_t *act_buf;
 static _Thread_local size_t act_cap;
@@ -61,59 +61,43 @@ static void *worker_buf(void **buf, size_t *cap, size_t need, int *ok) {
 }
 
 /* X's M rows as act rows (one layout for every integer type), each on its own cache lines, in
- * the calling thread's buffer; *stride = bytes per row. With `pairs`, as pair rows (kernels.h)
- * instead, *stride = bytes per pair, the odd last row paired with itself. On AVX-512 (where the
- * pair kernels are) 16 rows at a time go straight into their pair rows (act_avx512.c), the work
- * shared out by rows and, below a 16-row block per thread, by blocks of K: on a Zen 5, one
- * thread quantized the demo's 16 rows of 4,864 values in 19-20 us instead of 45-48 us.
- * Elsewhere each pair's two rows are quantized into the thread's own buffer and paired from
- * there, so a long prompt's plain rows are never all held at once (12 MiB for a 512-token chunk
- * of the 1.5B's down projection in int16). NULL when out of memory. */
-static const uint8_t *quantize_rows(int bits, const float *X, int64_t M, int64_t K, int pairs, size_t *stride) {
-    const size_t used = qw_act_bytes(QW_Q8_0, K, bits), act = (used + 63) & ~(size_t)63;
-    const int64_t P = (M + 1) / 2;
-    uint8_t *out = pairs ? grow(pair_buf, &pair_cap, 2 * act * (size_t)P) : grow(act_buf, &act_cap, act * (size_t)M);
+ * the calling thread's buffer; *stride = bytes per row. NULL when out of memory. */
+static const uint8_t *quantize_rows(int bits, const float *X, int64_t M, int64_t K, size_t *stride) {
+    const size_t act = (qw_act_bytes(QW_Q8_0, K, bits) + 63) & ~(size_t)63;
+    uint8_t *out = grow(act_buf, &act_cap, act * (size_t)M);
     if (!out) return NULL;
-    if (pairs)
-        pair_buf = out;
-    else
-        act_buf = out;
-    if (pairs && qw_use_avx512()) {
-        const int64_t groups = (M + 15) / 16, kb = K / 32;
-        const int threads = qw_get_threads();
-        const int64_t parts = groups >= threads ? 1 : (threads + groups - 1) / groups;
+    act_buf = out;
+    /* on every thread from three rows up: a batched decode step's 8 rows were quantized on one
+     * thread while the other waited */
+#pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (M >= 3)
+    for (int64_t m = 0; m < M; m++) qw_quantize_act(QW_Q8_0, X + m * K, out + (size_t)m * act, K, bits);
+    *stride = act;
+    return out;
+}
+
+/* X's M rows as pair rows (kernels.h) for the pair kernels, which only AVX-512 CPUs have, in the
+ * calling thread's buffer; *stride = bytes per pair, the odd last row paired with itself. 16 rows
+ * at a time go straight into their pair rows (act_avx512.c), the work shared out by rows and,
+ * below a 16-row block per thread, by blocks of K: on a Zen 5, one thread quantized the demo's 16
+ * rows of 4,864 values in 19-20 us, where quantizing each pair's rows and pairing them after
+ * (act.c, qw_pair_act_rows) took 45-48 us. NULL when out of memory. */
+static const uint8_t *quantize_pairs(int bits, const float *X, int64_t M, int64_t K, size_t *stride) {
+    const size_t act = (qw_act_bytes(QW_Q8_0, K, bits) + 63) & ~(size_t)63;
+    uint8_t *out = grow(pair_buf, &pair_cap, 2 * act * (size_t)((M + 1) / 2));
+    if (!out) return NULL;
+    pair_buf = out;
+    const int64_t groups = (M + 15) / 16, kb = K / 32;
+    const int threads = qw_get_threads();
+    const int64_t parts = groups >= threads ? 1 : (threads + groups - 1) / groups;
 #pragma omp parallel for num_threads(threads) schedule(static) if (groups * parts >= 2)
-        for (int64_t it = 0; it < groups * parts; it++) {
-            const int64_t g = it / parts, j = it % parts;
-            const int rows = M - 16 * g < 16 ? (int)(M - 16 * g) : 16;
-            qw_quantize_pairs_avx512(X + 16 * g * K, (size_t)K, rows, K, bits, out + (size_t)(8 * g) * 2 * act, 2 * act,
-                                     kb * j / parts, kb * (j + 1) / parts);
-        }
-        *stride = 2 * act;
-        return out;
+    for (int64_t it = 0; it < groups * parts; it++) {
+        const int64_t g = it / parts, j = it % parts;
+        const int rows = M - 16 * g < 16 ? (int)(M - 16 * g) : 16;
+        qw_quantize_pairs_avx512(X + 16 * g * K, (size_t)K, rows, K, bits, out + (size_t)(8 * g) * 2 * act, 2 * act,
+                                 kb * j / parts, kb * (j + 1) / parts);
     }
-    int failed = 0;
-    /* on every thread from two pairs (three rows) up: a batched decode step's 8 rows were
-     * quantized on one thread while the other waited */
-#pragma omp parallel for num_threads(qw_get_threads()) schedule(static) if (P >= 2)
-    for (int64_t p = 0; p < P; p++) {
-        uint8_t *a = out + (size_t)(2 * p) * act;
-        if (pairs) {
-            uint8_t *two = grow(act_buf, &act_cap, 2 * act);
-            if (!two) {
-#pragma omp atomic write
-                failed = 1;
-                continue;
-            }
-            a = act_buf = two;
-        }
-        uint8_t *b = 2 * p + 1 < M ? a + act : a;
-        qw_quantize_act(QW_Q8_0, X + 2 * p * K, a, K, bits);
-        if (b != a) qw_quantize_act(QW_Q8_0, X + (2 * p + 1) * K, b, K, bits);
-        if (pairs) qw_pair_act_rows(a, b, out + (size_t)p * 2 * act, K, bits);
-    }
-    *stride = pairs ? 2 * act : act;
-    return failed ? NULL : out;
+    *stride = 2 * act;
+    return out;
 }
 
 /* X's M rows as vertical blocks of 8 (qblock.h's VERT_*), *stride bytes per block: each block's
@@ -548,7 +532,8 @@ static int run_group(const qw_product *p, int count, int64_t K, const float *X, 
             if (!pl[i].repacked && item_bytes > pack_bytes) pack_bytes = item_bytes;
             if (!xq && amx && !(xq = quantize_amx(act, bf16, X, M, K, &amx_block, &xstride))) return QW_ENOMEM;
             if (!xq && vertical && !(xq = quantize_vertical(X, M, K, &xstride))) return QW_ENOMEM;
-            if (!xq && !(xq = quantize_rows(act, X, M, K, pairs, &xstride))) return QW_ENOMEM;
+            if (!xq && pairs && !(xq = quantize_pairs(act, X, M, K, &xstride))) return QW_ENOMEM;
+            if (!xq && !(xq = quantize_rows(act, X, M, K, &xstride))) return QW_ENOMEM;
             pl[i].first = round_items;
             round_items += (p[i].N + pl[i].rows - 1) / pl[i].rows;
         } else {

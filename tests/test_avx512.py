@@ -143,10 +143,9 @@ def test_falsifier_a_changed_code_is_seen(lib, avx2, wide):
 
 @pytest.mark.parametrize("bits", [8, 16])
 def test_pair_act_rows_follow_the_layout(simd, bits):
-    """The pair rows qwenc builds (qw_pair_act_rows; 32 bytes of each row at a time on AVX2, then
-    the rest one word at a time) are byte for byte the layout the kernels are checked on above
-    (pair_rows, written here from kernels.h's description), on every path: row sizes that leave
-    no tail and ones that do."""
+    """qw_pair_act_rows, the plain reference of the pair rows, is byte for byte the layout the
+    kernels are checked on above (pair_rows, written here from kernels.h's description), whatever
+    the path set: row sizes of one block to many."""
     for K in (32, 96, 256, 288, 1184):
         for M in (1, 2, 5):
             x = np.ascontiguousarray(act_inputs(K, np.random.default_rng(K + M))[np.arange(M) % 4]

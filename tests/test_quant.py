@@ -717,12 +717,13 @@ def test_matmul_decode_path_int(name, M, bits, simd):
 @pytest.mark.parametrize("name", BLOCK_TYPES)
 @pytest.mark.parametrize("bits", [8, 16])
 def test_matmul_prefill_sized_paths_give_the_same_bits(name, bits):
-    """Prefill-sized products (M >= 16) on every SIMD path this CPU has: the pair kernels
-    (avx512w) and the AMX tiles (amx: 16 act rows against 16 weight rows per tile product, a
-    short last block of act rows and an odd last group of weight rows on the other kernels) give
-    the 256-bit kernels' bits, which are dot_rows_act's for each row, within the integer dot's
-    bound of the exact product; the bias added after. Row counts leave short blocks (17, 35) and
-    an odd group (37 rows: 4 whole groups and 5 rows). A CPU without SIMD checks plain C alone."""
+    """Prefill- and batch-sized products (M >= 8) on every SIMD path this CPU has: the pair kernels
+    (avx512w; for Q4_0 and Q5_0 two whole groups a call at 8 and 16 rows) and the AMX tiles (amx:
+    16 act rows against 16 weight rows per tile product, a short last block of act rows and an odd
+    last group of weight rows on the other kernels) give the 256-bit kernels' bits, which are
+    dot_rows_act's for each row, within the integer dot's bound of the exact product; the bias
+    added after. Row counts leave short blocks (17, 35) and an odd group (37 rows: 4 whole groups
+    and 5 rows). A CPU without SIMD checks plain C alone."""
     from qwenc import _ops
     simd = [p for p in _ops.simd_paths() if p != "plain"] or ["plain"]  # plain C: its own kernels
     N, K = 37, 768
@@ -730,7 +731,7 @@ def test_matmul_prefill_sized_paths_give_the_same_bits(name, bits):
     data = synthetic(name, N, K, seed=bits + 7)
     w = ref_dequantize(data, GT[name]).reshape(N, K)
     mins = weight_mins(data, name, N, K)
-    for M in (16, 17, 35, 48):
+    for M in (8, 16, 17, 35, 48):
         x = act_inputs(K, np.random.default_rng(M))[np.arange(M) % 3]
         x = x * np.random.default_rng(M).uniform(0.5, 2.0, (M, 1)).astype(np.float32)
         outs = {}
