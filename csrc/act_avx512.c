@@ -12,9 +12,9 @@
  * byte test caught it).
  *
  * Every value is what act.c computes: the same act_scale (qblock.h; its cases repeated in
- * act_avx512.h, a change to one is a change to both), round to nearest even on the same products, level 2 from
- * the same exact difference, and code sums that are whole numbers far below 2^24, exact as float
- * sums in any order. Compiled for the AVX-512 machines (matmul.c asks qw_use_avx512()); the tests
+ * act_avx512.h, a change to one is a change to both), round to nearest even on the same products,
+ * level 2 from the same exact difference, and code sums that are whole numbers far below 2^24,
+ * exact as float sums in any order. Compiled for the AVX-512 machines (matmul.c asks qw_use_avx512()); the tests
  * also build it against SIMDe (QW_SIMDE, tests/test_avx512.py), which runs it on any CPU. */
 #include <string.h>
 
@@ -80,11 +80,13 @@ R8_TARGET void qw_quantize_pairs_avx512(const float *X, size_t ldx, int rows, in
             for (int i = 0; i < 2; i++) {
                 const int m = 2 * p + i;
                 __m512 l1[2] = {zero, zero}, l2[2] = {zero, zero};
-                if (p < pairs && (finite >> m & 1)) /* a block with a non-finite value has zero codes */
-                    act_levels(x[m], _mm512_set1_ps(idd[m]), levels, l1, l2);
-                for (int h = 0; h < 2; h++) {
-                    c1[i][h] = codes16(l1[h]);
-                    c2[i][h] = codes16(l2[h]);
+                if (p < pairs) { /* rows past the last pair: zero sums, no codes */
+                    if (finite >> m & 1) /* a block with a non-finite value has zero codes */
+                        act_levels(x[m], _mm512_set1_ps(idd[m]), levels, l1, l2);
+                    for (int h = 0; h < 2; h++) {
+                        c1[i][h] = codes16(l1[h]);
+                        c2[i][h] = codes16(l2[h]);
+                    }
                 }
                 l1s[red_at[m]] = _mm512_add_ps(l1[0], l1[1]);
                 l2s[red_at[m]] = _mm512_add_ps(l2[0], l2[1]);
